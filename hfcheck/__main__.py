@@ -1,0 +1,3 @@
+from hfcheck.cli import main
+
+raise SystemExit(main())
