@@ -1,0 +1,63 @@
+"""What every fusion pattern is: a class with ``match`` (graph shape), ``check_rewrite``
+(the forward's source admits vLLM's rewrite) and ``validate`` (this instance's sizes).
+
+Mirrors vLLM's fusers: ``match`` runs once per module class on its leaf trace, the
+survivors are validated per instance, and only the first forward-redefining pattern that
+validates applies to an instance. Patterns report *why* they refuse, which vLLM only logs
+at debug level.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from torch import nn
+
+from hfcheck.analyzer.graph.tracer import Trace
+
+
+@dataclass(frozen=True)
+class FusionContext:
+    """Model-wide facts a pattern's ``validate`` needs (vLLM reads them from its config)."""
+
+    head_size: int
+    tp_size: int = 1
+    use_mla: bool = False
+    attn_implementation: str = "hfcheck"
+
+
+@dataclass
+class Match:
+    """A pattern found in a module class's forward."""
+
+    fusion: str
+    """Fusion name in hfcheck's vocabulary (see ``vocabulary.FUSIONS``)."""
+    projections: tuple[str, ...] = ()
+    """Children the fusion merges, in shard order."""
+    row_parallel: str | None = None
+    """The linear consuming the fused output (o_proj / down_proj): becomes rowwise."""
+    details: dict = field(default_factory=dict)
+
+
+class Pattern(ABC):
+    """One vLLM fuser, re-stated. Subclasses set ``name`` and implement ``find``."""
+
+    name: ClassVar[str]
+    redefines_forward: ClassVar[bool] = True
+    needs_trace: ClassVar[bool] = True
+
+    @classmethod
+    @abstractmethod
+    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        """The pattern in ``module``'s trace, if present (class-level, cached by caller)."""
+
+    @classmethod
+    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
+        """Raise ``RewriteRefused`` when vLLM's source rewrite would fail."""
+
+    @classmethod
+    def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
+        """``None`` when this instance can take the fusion, else the reason it cannot."""
+        return None

@@ -1,0 +1,115 @@
+"""Multi-head latent attention: ``rms_norm(linear(x))`` chains for the q and kv down
+projections merge into ``fused_qkv_a_proj``; the kv expansion is absorbed by vLLM's MLA
+attention. Validates only when the model uses MLA (``kv_lora_rank`` in the config).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+from torch import fx, nn
+
+from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.graph import forward_source as src
+from hfcheck.analyzer.graph.nodes import child, downstream_linear, is_linear, reads_forward_input, returned_linear, upstream_linear
+from hfcheck.analyzer.graph.tracer import Trace
+
+
+def _reads_input(node: fx.Node) -> bool:
+    return len(node.args) == 1 and isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder"
+
+
+def _norm_width(norm: nn.Module) -> int:
+    weight = getattr(norm, "weight", None)
+    return weight.numel() if weight is not None else -1
+
+
+class MLA(Pattern):
+    name = "mla"
+
+    @classmethod
+    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        from hfcheck.analyzer.fusions.detect import is_rms_norm
+
+        if trace is None or trace.graph is None:
+            return None
+        graph = trace.graph
+        chains = []
+        for node in graph.nodes:
+            if node.op != "call_module" or is_linear(node, module) or not node.args:
+                continue
+            source = upstream_linear(node.args[0], module)
+            if source is None or not _reads_input(source) or not is_rms_norm(child(module, node)):
+                continue
+            chains.append((source, node))
+
+        def is_kv(chain: tuple[fx.Node, fx.Node]) -> bool:
+            return child(module, chain[0]).out_features != _norm_width(child(module, chain[1]))
+
+        kv_chains = [c for c in chains if is_kv(c)]
+        q_chains = [c for c in chains if not is_kv(c)]
+        if len(kv_chains) != 1 or len(q_chains) > 1:
+            return None
+        kv_a, kv_norm = kv_chains[0]
+        claimed = {kv_a.target}
+        details: dict = {"kv_a_proj": str(kv_a.target)}
+        if q_chains:
+            q_a, q_norm = q_chains[0]
+            q_b = downstream_linear(q_norm, module)
+            if q_b is None:
+                return None
+            claimed |= {q_a.target, q_b.target}
+            details["q_a_proj"] = str(q_a.target)
+        else:
+            direct = {n.target for n in graph.nodes if is_linear(n, module) and _reads_input(n)} - claimed
+            if len(direct) != 1:
+                return None
+            claimed |= direct
+        kv_b = downstream_linear(kv_norm, module)
+        if kv_b is None or kv_b.target in claimed:
+            return None
+        claimed.add(kv_b.target)
+        details["kv_b_proj"] = str(kv_b.target)
+        o_name = returned_linear(graph, module)
+        projections = (details["q_a_proj"], details["kv_a_proj"]) if "q_a_proj" in details else (details["kv_a_proj"],)
+        return Match(cls.name, projections, None if o_name in claimed else o_name, details)
+
+    @classmethod
+    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
+        funcdef = src.forward_def(type(module))
+        if "q_a_proj" in match.details:
+            calls = [src.single_call(funcdef, n) for n in (match.details["q_a_proj"], match.details["kv_a_proj"])]
+            if not src.same_input(calls):
+                raise src.RewriteRefused("q and kv down-projections read different inputs")
+        kv_b = match.details["kv_b_proj"]
+
+        def is_expansion(name: str) -> bool:
+            method = getattr(type(module), name, None)
+            code = getattr(inspect.unwrap(method), "__code__", None) if method is not None else None
+            if code is None or code.co_argcount != 3 or kv_b not in code.co_names:
+                return False
+            try:
+                tree = src.ast.parse(textwrap.dedent(inspect.getsource(method)))
+            except (OSError, TypeError):
+                return False
+            returns = [n for n in src.ast.walk(tree) if isinstance(n, src.ast.Return)]
+            return bool(returns) and all(isinstance(r.value, src.ast.Tuple) and len(r.value.elts) == 2 for r in returns)
+
+        expansions = [
+            n
+            for n in src.ast.walk(funcdef)
+            if isinstance(n, src.ast.Call)
+            and isinstance(n.func, src.ast.Attribute)
+            and isinstance(n.func.value, src.ast.Name)
+            and n.func.value.id == "self"
+            and len(n.args) == 2
+            and not n.keywords
+            and is_expansion(n.func.attr)
+        ]
+        if len(expansions) != 1:
+            raise src.RewriteRefused("no single `self.<expand>(kv_c_normed, k_pe)` method applying kv_b_proj")
+
+    @classmethod
+    def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
+        return None if ctx.use_mla else "the config has no kv_lora_rank, so vLLM does not use MLA"

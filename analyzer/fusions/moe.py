@@ -1,0 +1,200 @@
+"""Mixture of experts as vLLM's transformers backend sees it.
+
+- *Experts replaceable*: a child named exactly ``experts`` that is an ``nn.ModuleList``
+  or holds only 3-D parameters becomes vLLM's FusedMoE (GPT-OSS's experts carry 2-D
+  biases and are not replaced).
+- *Internal routing*: vLLM takes the whole block forward over when its fx graph reads
+  ``experts(x, ids, weights)`` with ``_, weights, ids = gate(x)``, the gate is a
+  ``topk(softmax|sigmoid(linear))`` router, the output is the experts' (times a
+  constant) plus optionally ``shared(x)`` or ``sigmoid(shared_gate(x)) * shared(x)``,
+  and no other stateful child exists. Otherwise transformers routes ("external").
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+
+from torch import fx, nn
+
+from hfcheck.analyzer.graph.nodes import find, is_op, output_value, peel, reaches
+from hfcheck.analyzer.graph.tracer import trace_module
+
+EXPERTS_NAME = "experts"
+
+
+def experts_replaceable(experts: nn.Module) -> tuple[bool, str]:
+    """(replaceable, why) for a child named ``experts``."""
+    if isinstance(experts, nn.ModuleList):
+        return True, "experts are an nn.ModuleList"
+    params = list(experts.named_parameters())
+    if params and all(p.ndim == 3 for _, p in params):
+        return True, "experts hold only 3-D parameters"
+    other = [f"{n} ({p.ndim}-D)" for n, p in params if p.ndim != 3]
+    return False, "experts hold parameters that are not 3-D: " + ", ".join(other[:4])
+
+
+def _named_state(module: nn.Module):
+    yield from module.named_parameters()
+    yield from module.named_buffers()
+
+
+def _returns_tuple(cls: type[nn.Module]) -> bool:
+    try:
+        forward = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(cls.forward)))).body[0]
+    except (OSError, SyntaxError, TypeError, IndexError):
+        return True
+    tuple_names = {
+        t.id
+        for n in ast.walk(forward)
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+    def yields_tuple(value: ast.expr | None) -> bool:
+        if isinstance(value, ast.Tuple):
+            return True
+        if isinstance(value, ast.Name):
+            return value.id in tuple_names
+        if isinstance(value, ast.IfExp):
+            return yields_tuple(value.body) or yields_tuple(value.orelse)
+        return False
+
+    stack, returns = list(ast.iter_child_nodes(forward)), []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            returns.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+    return any(yields_tuple(r.value) for r in returns)
+
+
+def _unwrap(node: object, block: nn.Module) -> object:
+    while True:
+        node = peel(node)
+        if is_op(node, "reshape") or is_op(node, "view") or (
+            isinstance(node, fx.Node) and node.op == "call_module" and isinstance(block.get_submodule(str(node.target)), nn.Identity)
+        ):
+            node = node.args[0]
+        else:
+            return node
+
+
+def _reads_input(node: object, x: fx.Node, block: nn.Module) -> bool:
+    return (
+        isinstance(node, fx.Node)
+        and node.op == "call_module"
+        and len(node.args) == 1
+        and not node.kwargs
+        and _unwrap(node.args[0], block) is x
+    )
+
+
+def router_scoring(gate: nn.Module) -> str | None:
+    """``softmax`` / ``sigmoid`` when ``gate`` is a router vLLM can run itself, else None."""
+    state = {n for n, _ in _named_state(gate)}
+    if "weight" not in state or state - {"weight", "e_score_correction_bias"}:
+        return None
+    traced = trace_module(gate)
+    if traced.graph is None:
+        return None
+    topks = [n for n in traced.graph.nodes if is_op(n, "topk")]
+    if not topks:
+        return None
+    topk = topks[-1]
+    scorer = lambda n: is_op(n, "softmax") or is_op(n, "sigmoid")  # noqa: E731
+    scorers = [n for n in reaches(topk, "all_input_nodes") if scorer(n)] or [n for n in reaches(topk, "users") if scorer(n)]
+    if len(scorers) != 1:
+        return None
+    if not any(is_op(n, "linear") for n in reaches(scorers[0], "all_input_nodes")):
+        return None
+    return "softmax" if is_op(scorers[0], "softmax") else "sigmoid"
+
+
+@dataclass(frozen=True)
+class MoEBlock:
+    """What vLLM would do with one MoE block."""
+
+    block_class: str
+    experts_class: str
+    experts_replaceable: bool
+    replace_reason: str
+    internal_routing: bool
+    routing_reason: str
+    scoring: str | None = None
+    shared_expert: str | None = None
+
+
+def analyse_block(block: nn.Module) -> MoEBlock:
+    experts = block.get_submodule(EXPERTS_NAME)
+    replaceable, why = experts_replaceable(experts)
+    internal, routing_why, scoring, shared = _routing(block, experts)
+    return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, shared)
+
+
+def _routing(block: nn.Module, experts: nn.Module) -> tuple[bool, str, str | None, str | None]:
+    if _returns_tuple(type(block)):
+        return False, "the block forward returns a tuple (e.g. router logits)", None, None
+    traced = trace_module(block)
+    graph = traced.graph
+    if graph is None:
+        return False, f"the block forward does not trace ({traced.error})", None, None
+    call = find(graph, lambda n: n.op == "call_module" and n.target == EXPERTS_NAME)
+    if call is None:
+        return False, "the traced forward never calls self.experts" + (f" (trace stopped: {traced.error})" if traced.error else ""), None, None
+    try:
+        bound = inspect.signature(experts.forward).bind(*call.args, **call.kwargs)
+    except TypeError:
+        return False, "the experts call does not bind to the experts forward signature", None, None
+    if len(bound.arguments) != 3:
+        return False, "experts are not called as experts(hidden_states, top_k_index, top_k_weights)", None, None
+    x, ids, weights = (_unwrap(a, block) for a in bound.arguments.values())
+    if not (isinstance(x, fx.Node) and x.op == "placeholder"):
+        return False, "the experts do not read the block's input directly", None, None
+    if not (is_op(ids, "getitem") and is_op(weights, "getitem")):
+        return False, "top-k ids/weights do not come from `_, weights, ids = gate(x)`", None, None
+    gate = ids.args[0]
+    if not (_reads_input(gate, x, block) and ids.args == (gate, 2) and weights.args == (gate, 1)):
+        return False, "top-k ids/weights do not come from `_, weights, ids = gate(x)`", None, None
+    gate_name = str(gate.target)
+    scoring = router_scoring(block.get_submodule(gate_name))
+
+    def is_routed(n: object) -> bool:
+        return n is call or (is_op(n, "mul") and not isinstance(n.args[1], fx.Node) and _unwrap(n.args[0], block) is call)
+
+    routed = out = _unwrap(output_value(graph), block)
+    shared = shared_name = shared_gate = None
+    if not is_routed(out):
+        if not (is_op(out, "add") and len(out.args) == 2):
+            return False, "the block output is not experts(...) [+ shared(x)]", scoring, None
+        routed, shared = (_unwrap(a, block) for a in out.args)
+        if is_routed(shared):
+            routed, shared = shared, routed
+        if not is_routed(routed):
+            return False, "the block output is not experts(...) [+ shared(x)]", scoring, None
+    if shared is not None:
+        if _reads_input(shared, x, block):
+            shared_name = str(shared.target)
+        elif is_op(shared, "mul") and len(shared.args) == 2:
+            for gated, expert in (shared.args, shared.args[::-1]):
+                gated, expert = peel(gated), peel(expert)
+                if is_op(gated, "sigmoid") and _reads_input(expert, x, block):
+                    g = peel(gated.args[0])
+                    if _reads_input(g, x, block):
+                        gm = block.get_submodule(str(g.target))
+                        if isinstance(gm, nn.Linear) and gm.weight.ndim == 2 and gm.weight.shape[0] == 1:
+                            shared_name, shared_gate = str(expert.target), str(g.target)
+                            break
+        if shared_name is None:
+            return False, "the shared-expert branch is not shared(x) or sigmoid(gate(x)) * shared(x)", scoring, None
+    accounted = {EXPERTS_NAME, gate_name, shared_name, shared_gate}
+    extra = [n for n, c in block.named_children() if n not in accounted and next(_named_state(c), None) is not None]
+    if extra:
+        return False, f"the block has other stateful children ({', '.join(extra)})", scoring, shared_name
+    if scoring is None:
+        return False, f"the gate {gate_name!r} is not a topk(softmax|sigmoid(linear)) router vLLM can run", None, shared_name
+    return True, f"vLLM routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else ""), scoring, shared_name

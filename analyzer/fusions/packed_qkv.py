@@ -1,0 +1,70 @@
+"""One projection followed by ``.split((q, kv, kv))`` -> QKVParallelLinear with a per-rank split."""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.graph import forward_source as src
+from hfcheck.analyzer.graph.nodes import is_method, returned_linear, upstream_linear
+from hfcheck.analyzer.graph.tracer import Trace
+
+
+def _split_sizes(node: fx.Node) -> tuple[int, int] | None:
+    if not is_method(node, "split") or len(node.args) < 2:
+        return None
+    sizes = node.args[1]
+    if not isinstance(sizes, (tuple, list)) or len(sizes) != 3 or not all(isinstance(s, int) for s in sizes):
+        return None
+    q, k, v = sizes
+    return (q, k) if k == v and q >= k else None
+
+
+class PackedQKV(Pattern):
+    name = "packed_qkv"
+
+    @classmethod
+    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        if trace is None or trace.graph is None:
+            return None
+        for node in trace.graph.nodes:
+            if (sizes := _split_sizes(node)) is None:
+                continue
+            q_size, kv_size = sizes
+            source = upstream_linear(node.args[0], module)
+            if source is None:
+                continue
+            name = str(source.target)
+            if module.get_submodule(name).out_features != q_size + 2 * kv_size:
+                continue
+            o_name = returned_linear(trace.graph, module)
+            if o_name == name or (o_name is not None and module.get_submodule(o_name).in_features != q_size):
+                o_name = None
+            return Match(cls.name, (name,), o_name, {"q_size": q_size, "kv_size": kv_size})
+        return None
+
+    @classmethod
+    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
+        funcdef = src.forward_def(type(module))
+        (name,) = match.projections
+        splits = [
+            n
+            for n in src.ast.walk(funcdef)
+            if isinstance(n, src.ast.Call)
+            and isinstance(n.func, src.ast.Attribute)
+            and n.func.attr == "split"
+            and n.args
+            and isinstance(n.args[0], (src.ast.Tuple, src.ast.List))
+            and len(n.args[0].elts) == 3
+            and any(isinstance(i, src.ast.Attribute) and i.attr == name for i in src.ast.walk(n.func.value))
+        ]
+        if len(splits) != 1:
+            raise src.RewriteRefused(f"self.{name} has {len(splits)} three-way splits in the source (needs exactly one)")
+
+    @classmethod
+    def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
+        head = getattr(module, "head_dim", None) or ctx.head_size
+        q, kv = match.details["q_size"], match.details["kv_size"]
+        if q % head or kv % head:
+            return f"split sizes ({q}, {kv}, {kv}) do not divide by head_dim {head}"
+        return None

@@ -1,0 +1,81 @@
+"""``q(x), k(x), v(x)`` -> one QKVParallelLinear ``qkv_proj`` split back into q, k, v."""
+
+from __future__ import annotations
+
+from torch import fx, nn
+
+from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.graph import forward_source as src
+from hfcheck.analyzer.graph.nodes import child, is_linear, reads_forward_input, returned_linear
+from hfcheck.analyzer.graph.tracer import Trace
+
+
+def linears_by_input(graph: fx.Graph, module: nn.Module) -> dict[fx.Node, list[fx.Node]]:
+    """Linear calls reading a forward parameter directly, grouped by that parameter."""
+    groups: dict[fx.Node, list[fx.Node]] = {}
+    for node in graph.nodes:
+        if is_linear(node, module) and reads_forward_input(node):
+            groups.setdefault(node.args[0], []).append(node)
+    return groups
+
+
+class QKV(Pattern):
+    name = "qkv"
+
+    @classmethod
+    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        if trace is None or trace.graph is None:
+            return None
+        triples = [g for g in linears_by_input(trace.graph, module).values() if len(g) == 3]
+        if len(triples) != 1:
+            return None
+        nodes = triples[0]
+        outs = [child(module, n).out_features for n in nodes]
+        if len(set(outs)) == 2:
+            (q,) = (n for n, o in zip(nodes, outs) if outs.count(o) == 1)
+            k, v = (n for n, o in zip(nodes, outs) if outs.count(o) == 2)
+            if child(module, q).out_features != max(outs):
+                return None
+        elif len(set(outs)) == 1:
+            q, k, v = nodes
+        else:
+            return None
+        names = (str(q.target), str(k.target), str(v.target))
+        o_name = returned_linear(trace.graph, module)
+        if o_name in names or (o_name is not None and module.get_submodule(o_name).in_features != child(module, q).out_features):
+            o_name = None
+        return Match(cls.name, names, o_name)
+
+    @classmethod
+    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
+        funcdef = src.forward_def(type(module))
+        calls = [src.single_call(funcdef, name) for name in match.projections]
+        if not src.same_input(calls):
+            raise src.RewriteRefused("q/k/v projections read inputs written differently")
+        dumps = {src.ast.dump(c.args[0]) for c in calls}
+        others = {n for n, c in module.named_children() if isinstance(c, nn.Linear)} - set(match.projections)
+        for node in src.ast.walk(funcdef):
+            if (
+                isinstance(node, src.ast.Call)
+                and isinstance(node.func, src.ast.Attribute)
+                and node.func.attr in others
+                and any(src.ast.dump(a) in dumps for a in node.args)
+            ):
+                raise src.RewriteRefused(f"another linear (self.{node.func.attr}) reads the same input")
+        block, indices = src.common_block(funcdef, calls)
+        src.check_input_stable(funcdef, calls, block, indices)
+        src.splice_names_free(funcdef, 3)
+
+    @classmethod
+    def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
+        q, k, v = (module.get_submodule(n) for n in match.projections)
+        head = getattr(module, "head_dim", None) or ctx.head_size
+        if not q.in_features == k.in_features == v.in_features:
+            return "q/k/v projections have different in-features"
+        if len({p.bias is None for p in (q, k, v)}) != 1:
+            return "only some of q/k/v have a bias"
+        if k.out_features != v.out_features:
+            return "k and v projections differ in size"
+        if q.out_features % head or k.out_features % head:
+            return f"projection sizes do not divide by head_dim {head}"
+        return None

@@ -1,0 +1,233 @@
+"""What the forward's *source* says, where tracing cannot see.
+
+vLLM applies a fusion by rewriting the forward with ``ast``: one ``self.<proj>(x)`` call
+per projection, other references only as existence guards, inputs written the same way,
+no closure, no name-mangled attributes, nothing between the calls that rebinds or
+mutates the input. If the rewrite is refused the fusion silently does not happen, so
+hfcheck checks the same preconditions here and reports the reason. The attention
+dispatch (``ALL_ATTENTION_FUNCTIONS``) and its ``scaling=`` / ``s_aux=`` arguments are
+also read here, from source only.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from functools import lru_cache
+
+from torch import nn
+
+
+class RewriteRefused(ValueError):
+    """The forward's source does not admit the rewrite vLLM would make."""
+
+
+@lru_cache(maxsize=None)
+def _parsed(fn) -> ast.FunctionDef:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    funcdef = tree.body[0]
+    if not isinstance(funcdef, ast.FunctionDef):
+        raise RewriteRefused("forward source is not a plain function definition")
+    return funcdef
+
+
+def forward_def(cls: type[nn.Module]) -> ast.FunctionDef:
+    """The parsed ``forward`` of ``cls``, refused where vLLM refuses to rewrite it."""
+    fn = inspect.unwrap(cls.forward)
+    if getattr(fn, "__code__", None) is None:
+        raise RewriteRefused("forward has no Python source")
+    if fn.__code__.co_freevars:
+        raise RewriteRefused("forward is a closure")
+    try:
+        funcdef = _parsed(fn)
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise RewriteRefused(f"forward source unavailable ({type(exc).__name__})") from None
+    for node in ast.walk(funcdef):
+        name = getattr(node, "attr", None) or getattr(node, "id", None)
+        if isinstance(name, str) and name.startswith("__") and not name.endswith("__"):
+            raise RewriteRefused(f"{name} would be name-mangled")
+    return funcdef
+
+
+def _self_attr(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == name
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
+
+
+def _parents(funcdef: ast.FunctionDef) -> dict[int, ast.AST]:
+    return {id(c): p for p in ast.walk(funcdef) for c in ast.iter_child_nodes(p)}
+
+
+def _is_guard(ref: ast.Attribute, parents: dict[int, ast.AST]) -> bool:
+    """``self.x is (not) None`` or a bare truth test: folded away by the rewrite."""
+    parent = parents.get(id(ref))
+    if isinstance(parent, ast.Compare) and len(parent.ops) == 1:
+        other = parent.comparators[0] if parent.left is ref else parent.left
+        if isinstance(parent.ops[0], (ast.Is, ast.IsNot)) and isinstance(other, ast.Constant) and other.value is None:
+            return True
+    if isinstance(parent, (ast.If, ast.IfExp, ast.While, ast.Assert)) and parent.test is ref:
+        return True
+    return isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
+
+
+def single_call(funcdef: ast.FunctionDef, name: str, *, guards_allowed: bool = True) -> ast.Call:
+    """The one ``self.<name>(arg)`` call; other references must be existence guards."""
+    uses = [n for n in ast.walk(funcdef) if _self_attr(n, name)]
+    calls = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.Call)
+        and any(n.func is u for u in uses)
+        and len(n.args) == 1
+        and not isinstance(n.args[0], ast.Starred)
+        and not n.keywords
+    ]
+    if len(calls) != 1:
+        raise RewriteRefused(f"self.{name} is not called exactly once as self.{name}(x)")
+    parents = _parents(funcdef)
+    for ref in uses:
+        if ref is calls[0].func:
+            continue
+        if not guards_allowed or not _is_guard(ref, parents):
+            raise RewriteRefused(f"the forward reads self.{name} outside its call")
+    return calls[0]
+
+
+def same_input(calls: list[ast.Call]) -> bool:
+    return len({ast.dump(c.args[0]) for c in calls}) == 1
+
+
+def statement_path(block: list[ast.stmt], node: ast.AST) -> list[tuple[list[ast.stmt], int]]:
+    """(statement list, index) pairs from ``block`` down to the statement holding ``node``."""
+    for index, stmt in enumerate(block):
+        if not any(c is node for c in ast.walk(stmt)):
+            continue
+        inner = [getattr(stmt, f, None) for f in ("body", "orelse", "finalbody")]
+        inner += [h.body for h in getattr(stmt, "handlers", [])]
+        for sub in inner:
+            if isinstance(sub, list) and sub and (tail := statement_path(sub, node)):
+                return [(block, index), *tail]
+        return [(block, index)]
+    return []
+
+
+def common_block(funcdef: ast.FunctionDef, calls: list[ast.Call]) -> tuple[list[ast.stmt], list[int]]:
+    """The innermost statement list containing every call, and each call's index there."""
+    paths = [statement_path(funcdef.body, c) for c in calls]
+    if any(not p for p in paths):
+        raise RewriteRefused("projection calls not found in the forward body")
+    depth = 0
+    for level in zip(*paths):
+        if len({id(b) for b, _ in level}) != 1:
+            break
+        depth += 1
+    return paths[0][depth - 1][0], [p[depth - 1][1] for p in paths]
+
+
+def _written(region: list[ast.stmt]) -> set[str]:
+    """Names rebound, written through, or mutated in place within ``region``."""
+    names: set[str] = set()
+    for stmt in region:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                names.add(node.id)
+            elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+                base = node
+                while isinstance(base, (ast.Subscript, ast.Attribute)):
+                    base = base.value
+                if isinstance(base, ast.Name):
+                    names.add(base.id)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
+                base = node.func.value
+                if isinstance(base, ast.Name):
+                    names.add(base.id)
+    return names
+
+
+def check_input_stable(funcdef: ast.FunctionDef, calls: list[ast.Call], block: list[ast.stmt], indices: list[int]) -> None:
+    """Hoisting the merged GEMM to the first call must not change what it reads."""
+    read = {n.id for n in ast.walk(calls[0].args[0]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    region = block[min(indices): max(indices) + 1]
+    # The statement holding the first call may bind its own result; only later writes count.
+    later = region[1:] if len(region) > 1 else []
+    if read & _written(later):
+        raise RewriteRefused("the projection input is rebound or mutated between the projections")
+
+
+def splice_names_free(funcdef: ast.FunctionDef, count: int) -> None:
+    names = {n.id for n in ast.walk(funcdef) if isinstance(n, ast.Name)}
+    if names & {f"_vllm_merged_{i}" for i in range(count)}:
+        raise RewriteRefused("fused temporaries would shadow existing names")
+
+
+# --- attention dispatch -------------------------------------------------------------
+
+
+def _is_interface_lookup(node: ast.expr | None) -> bool:
+    if isinstance(node, ast.Call):
+        node = node.func
+    return (
+        isinstance(node, (ast.Attribute, ast.Subscript))
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "ALL_ATTENTION_FUNCTIONS"
+    )
+
+
+@dataclass(frozen=True)
+class InterfaceDispatch:
+    """How a forward dispatches through the transformers attention interface."""
+
+    calls: int
+    """Calls of a name bound from ``ALL_ATTENTION_FUNCTIONS`` (vLLM needs exactly one)."""
+    scaling: str | None
+    s_aux: str | None
+    line: int | None
+
+
+@lru_cache(maxsize=None)
+def attention_dispatch(forward) -> InterfaceDispatch | None:
+    """Read the interface call from source, both idioms (``[impl]`` and ``get_interface``)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(forward))))
+    except (AttributeError, OSError, SyntaxError, TypeError):
+        return None
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and _is_interface_lookup(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    calls = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names
+    ]
+    if not names:
+        return None
+    if len(calls) != 1:
+        return InterfaceDispatch(len(calls), None, None, None)
+    call = calls[0]
+
+    def keyword(name: str) -> str | None:
+        values = [k.value for k in call.keywords if k.arg == name]
+        return ast.unparse(values[0]) if len(values) == 1 else None
+
+    return InterfaceDispatch(1, keyword("scaling"), keyword("s_aux"), call.lineno)
+
+
+def resolve_expression(expr: str | None, module: nn.Module) -> object:
+    """The value of a literal or ``self.<attr>`` expression on ``module`` (else None)."""
+    if expr is None:
+        return None
+    try:
+        node = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return getattr(module, node.attr, None)
+    return None

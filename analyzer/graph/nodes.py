@@ -1,0 +1,126 @@
+"""Small questions about fx nodes of a module's leaf trace, shared by every pattern."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import torch
+from torch import fx, nn
+from torch.nn import functional as F
+
+from hfcheck.analyzer.graph.tracer import is_opaque_call
+
+_DTYPE_CASTS = frozenset({"to", "float", "double", "half", "bfloat16", "type_as"})
+
+
+def child(module: nn.Module, node: fx.Node) -> nn.Module:
+    return module.get_submodule(str(node.target))
+
+
+def is_linear(node: object, module: nn.Module) -> bool:
+    """Is ``node`` a call of an ``nn.Linear`` child (subclasses included, as in vLLM)."""
+    return (
+        isinstance(node, fx.Node)
+        and node.op == "call_module"
+        and isinstance(child(module, node), nn.Linear)
+    )
+
+
+def reads_forward_input(node: fx.Node) -> bool:
+    """A single-argument call whose argument is a forward parameter itself."""
+    return (
+        len(node.args) == 1
+        and not node.kwargs
+        and isinstance(node.args[0], fx.Node)
+        and node.args[0].op == "placeholder"
+    )
+
+
+def peel(node: object) -> object:
+    """Strip dtype casts (``.to()``, ``.float()``, ``.type_as()``)."""
+    while isinstance(node, fx.Node) and node.op == "call_method" and node.target in _DTYPE_CASTS:
+        node = node.args[0]
+    return node
+
+
+def is_fn(node: object, target: object) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
+
+
+def is_method(node: object, name: str) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_method" and node.target == name
+
+
+def is_op(node: object, name: str) -> bool:
+    """``torch.<name>``, ``F.<name>``, ``operator.<name>`` or the tensor method ``.<name>()``."""
+    return any(is_fn(node, getattr(ns, name, None)) for ns in (torch, F, operator)) or (
+        hasattr(torch.Tensor, name) and is_method(node, name)
+    )
+
+
+def operand(node: fx.Node, index: int, name: str) -> object:
+    """Operand ``index`` of ``node``, passed positionally or as keyword ``name``."""
+    return node.args[index] if len(node.args) > index else node.kwargs.get(name)
+
+
+def find(graph: fx.Graph, predicate: Callable[[fx.Node], bool]) -> fx.Node | None:
+    return next((n for n in graph.nodes if predicate(n)), None)
+
+
+def output_value(graph: fx.Graph) -> object | None:
+    out = find(graph, lambda n: n.op == "output")
+    return out.args[0] if out is not None and out.args else None
+
+
+def upstream_linear(node: object, module: nn.Module) -> fx.Node | None:
+    """Nearest linear producing ``node``, through reshapes and non-linear children,
+    never through an attention call (its inputs are attention's, not the producer)."""
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, fx.Node) or current in seen:
+            continue
+        seen.add(current)
+        if is_linear(current, module):
+            return current
+        if current.op in ("call_function", "call_method", "call_module") and not is_opaque_call(current):
+            stack.extend(current.args)
+    return None
+
+
+def downstream_linear(node: fx.Node, module: nn.Module) -> fx.Node | None:
+    """Nearest linear consuming ``node``, through casts and scalings (breadth first)."""
+    queue, seen = list(node.users), set()
+    while queue:
+        current = queue.pop(0)
+        if current in seen:
+            continue
+        seen.add(current)
+        if is_linear(current, module):
+            return current
+        if current.op in ("call_function", "call_method") and not is_opaque_call(current):
+            queue.extend(current.users)
+    return None
+
+
+def returned_linear(graph: fx.Graph, module: nn.Module) -> str | None:
+    """The linear producing the forward's (first) output: the row-parallel consumer."""
+    value = output_value(graph)
+    if isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    linear = upstream_linear(value, module)
+    return None if linear is None else str(linear.target)
+
+
+def reaches(node: fx.Node, direction: str) -> set[fx.Node]:
+    """Every node reachable from ``node`` along ``all_input_nodes`` or ``users``."""
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        for nxt in getattr(current, direction):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen

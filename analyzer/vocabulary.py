@@ -1,0 +1,34 @@
+"""The one place that names what hfcheck shares with vLLM and transformers.
+
+A vLLM or transformers release that renames a fusion, a layer kind or a TP style is an
+edit here. Values are those of vLLM 0.33.0 and transformers 5.24.
+"""
+
+from __future__ import annotations
+
+VLLM_VERSION_MODELLED = "0.33.0"
+
+FUSIONS: tuple[str, ...] = ("mla", "glu", "qkv", "packed_qkv", "merged_column", "rms_norm")
+"""Fusion names in vLLM's priority order; at most one of the first five per instance."""
+
+ACT_AND_MUL_KERNELS = frozenset({"gelu", "gelu_pytorch_tanh", "silu", "swish", "geglu", "swigluoai"})
+"""Activations vLLM has a fused ``...AndMul`` kernel for (``_ACTIVATION_AND_MUL_REGISTRY``)."""
+
+SOFTMAX_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "window_attention"})
+
+TP_STYLES_SHARDED = frozenset({"colwise", "rowwise", "colwise_gather_output", "rowwise_split_input"})
+"""Linear styles vLLM shards; any other style on a Linear silently becomes replicated."""
+
+MXFP4_METHODS = frozenset({"mxfp4", "gpt_oss_mxfp4"})
+
+EXPERT_COUNT_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+TOP_K_FIELDS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token", "experts_per_token", "top_k")
+MOE_INTERMEDIATE_FIELDS = ("moe_intermediate_size", "intermediate_size")
+SHARED_EXPERT_FIELDS = ("n_shared_experts", "num_shared_experts", "shared_expert_count")
+
+HEAD_FIELDS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+HIDDEN_FIELDS = ("hidden_size", "n_embd", "d_model", "dim")
+
+TP_SIZES = (1, 2, 4, 8)
