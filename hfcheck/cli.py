@@ -1,2 +1,105 @@
-def main(argv=None) -> int:
-    return 0
+"""The ``hfcheck`` command: parse arguments, run the analysis, render, set the exit code.
+
+Exit codes (Ruff/Semgrep convention): 0 no failing check, 1 failing checks (or score
+under --fail-under), 2 the tool could not run (bad reference, bad config, bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention too)
+        sys.stderr.write(f"hfcheck: error: {message}\n")
+        raise SystemExit(EXIT_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hfcheck", description="Will vLLM's transformers backend load, fuse and shard this model? Answered on CPU, without weights.")
+    from hfcheck import __version__
+
+    parser.add_argument("--version", action="version", version=f"hfcheck {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    scan = sub.add_parser("scan", help="analyse one model (Hub id[@revision] or local folder)")
+    scan.add_argument("ref", help="Hub id such as Qwen/Qwen3-4B (optionally @revision) or a local folder with config.json")
+    scan.add_argument("--format", choices=("text", "json"), default="text")
+    scan.add_argument("--fail-under", type=int, default=None, metavar="N", help="exit 1 when the score is below N")
+    scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
+    explain = sub.add_parser("explain", help="print the documentation of a check code")
+    explain.add_argument("code", nargs="?", help="e.g. HFC201")
+    explain.add_argument("--all", action="store_true", help="every check, in order")
+    sub.add_parser("schema", help="print the JSON Schema of `scan --format json`")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "scan":
+            return _scan(args)
+        if args.command == "explain":
+            return _explain(args)
+        if args.command == "schema":
+            from hfcheck.analyzer.report import schema
+
+            print(json.dumps(schema(), indent=2))
+            return EXIT_CLEAN
+    except KeyboardInterrupt:
+        sys.stderr.write("hfcheck: interrupted\n")
+        return 130
+    return EXIT_ERROR
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"hfcheck: error: {message}\n")
+    return EXIT_ERROR
+
+
+def _scan(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from hfcheck.analyzer.facts import FactsError
+    from hfcheck.analyzer.sources import SourceError, resolve
+
+    try:
+        source = resolve(args.ref)
+    except SourceError as exc:
+        return _fail(str(exc))
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+
+    try:
+        report = build_report(analyse(source))
+    except FactsError as exc:
+        return _fail(f"{args.ref}: {exc}")
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        from rich.console import Console
+
+        from hfcheck.analyzer.render.text import render_text
+
+        render_text(report, Console(), verbose=args.verbose)
+    failing = any(c["status"] == "fail" for c in report["checks"])
+    if args.fail_under is not None and report["score"] < args.fail_under:
+        return EXIT_FINDINGS
+    return EXIT_FINDINGS if failing else EXIT_CLEAN
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from hfcheck.analyzer.rules.registry import BY_CODE, RULES
+
+    if args.all or not args.code:
+        print("\n\n".join(rule.documentation() for rule in RULES))
+        return EXIT_CLEAN
+    rule = BY_CODE.get(args.code.upper())
+    if rule is None:
+        return _fail(f"unknown check code {args.code!r}; `hfcheck explain --all` lists them")
+    print(rule.documentation())
+    return EXIT_CLEAN

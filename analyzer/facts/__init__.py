@@ -1,0 +1,194 @@
+"""config.json -> ModelFacts: everything the rules need that the config alone decides.
+
+Facts are raw observations (Scorecard style): no judgement here. A config that
+transformers knows is read through its real config class (so v5 defaults and derived
+fields such as ``layer_types`` are right); remote-code configs are read as plain dicts,
+never by executing their code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
+
+
+class FactsError(Exception):
+    """The config cannot describe a model (one line for the user)."""
+
+
+@dataclass
+class ModelFacts:
+    model_type: str
+    architectures: list[str]
+    text_model_type: str
+    known_to_transformers: bool
+    auto_map: dict[str, Any]
+    is_encoder_decoder: bool
+    num_layers: int
+    hidden_size: int | None
+    num_heads: int | None
+    num_kv_heads: int | None
+    head_dim: int | None
+    intermediate_size: int | None
+    vocab_size: int | None
+    layer_types: list[str]
+    num_experts: int = 0
+    top_k: int | None = None
+    moe_intermediate_size: int | None = None
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    quant_method: str | None = None
+    weight_block_size: list[int] | None = None
+    dtype: str = "bfloat16"
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    max_position_embeddings: int | None = None
+    vllm_native: bool | None = None
+    vllm_table_version: str = V.VLLM_VERSION_MODELLED
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def uses_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def first_of(source: Any, names: tuple[str, ...], default: Any = None) -> Any:
+    """The first field among ``names`` that is set (attribute or key), else ``default``."""
+    for name in names:
+        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+@lru_cache(maxsize=1)
+def vllm_architecture_table() -> dict[str, Any]:
+    data = resources.files("hfcheck.analyzer").joinpath("data/vllm_architectures.json").read_text()
+    return json.loads(data)
+
+
+def vllm_has_native(architectures: list[str]) -> tuple[bool | None, str]:
+    """Whether vLLM's registry has a native class: from the installed vLLM when it
+    imports, else from the table generated from vLLM's registry."""
+    try:  # pragma: no cover - exercised only where vLLM is installed
+        import vllm  # noqa: F401
+        from vllm.model_executor.models import registry
+
+        native = set(registry._VLLM_MODELS) - set(registry._TRANSFORMERS_SUPPORTED_MODELS) - set(registry._TRANSFORMERS_BACKEND_MODELS)
+        version = f"{vllm.__version__} (installed)"
+    except Exception:
+        table = vllm_architecture_table()
+        native, version = set(table["native"]), str(table["vllm_version"])
+    if not architectures:
+        return None, version
+    return any(a in native for a in architectures), version
+
+
+def transformers_config(config: dict[str, Any]):
+    """The real transformers config object for a known model_type, else None."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return None
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+    try:
+        return AutoConfig.for_model(model_type, **kwargs)
+    except Exception as exc:
+        raise FactsError(f"config.json is not a valid {model_type} config: {str(exc).splitlines()[0][:200]}") from None
+
+
+def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str]:
+    """The text config (object when known, else dict) and its model_type."""
+    if cfg_obj is not None:
+        text = cfg_obj.get_text_config()
+        return text, getattr(text, "model_type", None) or config.get("model_type", "")
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        return text, text.get("model_type", config.get("model_type", ""))
+    return config, config.get("model_type", "")
+
+
+def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
+    """(facts, transformers config object or None) for a parsed config.json."""
+    if not isinstance(config, dict):
+        raise FactsError("config.json does not hold a JSON object")
+    model_type = config.get("model_type")
+    if not model_type and not config.get("architectures"):
+        raise FactsError("config.json names neither model_type nor architectures")
+    cfg_obj = transformers_config(config)
+    text, text_type = _text_view(config, cfg_obj)
+    get = lambda *names, default=None: first_of(text, names, default)  # noqa: E731
+
+    num_layers = get(*V.LAYER_FIELDS)
+    if not isinstance(num_layers, int) or num_layers <= 0:
+        raise FactsError("config.json has no layer count (num_hidden_layers)")
+    hidden = get(*V.HIDDEN_FIELDS)
+    heads = get(*V.HEAD_FIELDS)
+    kv_heads = get(*V.KV_HEAD_FIELDS, default=heads)
+    if isinstance(text, dict) and text.get("multi_query_attention") is False:
+        kv_heads = heads
+    head_dim = get("head_dim", "kv_channels", "attention_head_dim")
+    if not isinstance(head_dim, int) and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        head_dim = hidden // heads
+    num_experts = get(*V.EXPERT_COUNT_FIELDS, default=0) or 0
+    quant = config.get("quantization_config") or (text.get("quantization_config") if isinstance(text, dict) else None) or {}
+    dtype = config.get("torch_dtype") or config.get("dtype") or get("torch_dtype", "dtype") or "bfloat16"
+    native, table_version = vllm_has_native(list(config.get("architectures") or []))
+    types = derive_layer_types(text)
+    facts = ModelFacts(
+        model_type=str(model_type or ""),
+        architectures=list(config.get("architectures") or []),
+        text_model_type=str(text_type or model_type or ""),
+        known_to_transformers=cfg_obj is not None,
+        auto_map=dict(config.get("auto_map") or {}),
+        is_encoder_decoder=bool(config.get("is_encoder_decoder") or getattr(cfg_obj, "is_encoder_decoder", False)),
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=get("intermediate_size", "ffn_hidden_size", "n_inner"),
+        vocab_size=get("vocab_size", "padded_vocab_size"),
+        layer_types=types,
+        num_experts=int(num_experts) if isinstance(num_experts, int) else 0,
+        top_k=get(*V.TOP_K_FIELDS),
+        moe_intermediate_size=get(*V.MOE_INTERMEDIATE_FIELDS),
+        num_shared_experts=int(get(*V.SHARED_EXPERT_FIELDS, default=0) or 0),
+        first_dense_layers=int(get("first_k_dense_replace", default=0) or 0),
+        kv_lora_rank=get("kv_lora_rank"),
+        q_lora_rank=get("q_lora_rank"),
+        qk_nope_head_dim=get("qk_nope_head_dim"),
+        qk_rope_head_dim=get("qk_rope_head_dim"),
+        v_head_dim=get("v_head_dim"),
+        quant_method=(quant.get("quant_method") if isinstance(quant, dict) else None),
+        weight_block_size=(quant.get("weight_block_size") if isinstance(quant, dict) else None),
+        dtype=str(dtype).replace("torch.", ""),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", get("tie_word_embeddings", default=False))),
+        sliding_window=get("sliding_window") if isinstance(get("sliding_window"), int) else None,
+        max_position_embeddings=get("max_position_embeddings", "seq_length", "n_positions"),
+        vllm_native=native,
+        vllm_table_version=table_version,
+    )
+    if facts.num_shared_experts == 0 and get("shared_expert_intermediate_size"):
+        facts.num_shared_experts = 1
+    return facts, cfg_obj

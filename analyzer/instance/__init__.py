@@ -1,0 +1,142 @@
+"""facts -> a tiny model instance that keeps the structure vLLM decides on.
+
+Two shrinks, both from the real config object:
+- ``structural`` (what ``scan`` uses): the shortest prefix of decoder layers that holds
+  every distinct layer kind in order (dense-first and MoE layers included), at most 4
+  experts (never fewer than 2, top-k clamped), real widths. Built on the meta device,
+  so real widths cost nothing and every size check sees the real numbers.
+- ``tiny`` (for numerical proofs): additionally shrinks widths while keeping the head
+  ratio, GQA, MLA ranks and the MoE shape, falling back to ``structural`` widths when a
+  strict v5 config rejects the smaller sizes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.facts import ModelFacts
+
+ATTN_IMPLEMENTATION = "hfcheck"
+"""Name under which hfcheck registers a stand-in for vLLM's "vllm" attention function."""
+
+MAX_PREFIX = 24
+
+
+class InstanceError(Exception):
+    """The tiny model could not be built; the message says why (recorded, not raised to users)."""
+
+
+def register_attention() -> None:
+    """Register the stand-in attention function (sdpa) under ``ATTN_IMPLEMENTATION``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import AttentionInterface
+
+    if ATTN_IMPLEMENTATION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTN_IMPLEMENTATION, sdpa_attention_forward)
+
+
+def _is_moe_layer(facts: ModelFacts, text: Any, i: int) -> bool:
+    if not facts.is_moe or i < facts.first_dense_layers:
+        return False
+    step = getattr(text, "decoder_sparse_step", None) or getattr(text, "moe_layer_freq", None) or 1
+    only_mlp = getattr(text, "mlp_only_layers", None) or []
+    if isinstance(step, int) and step > 1 and (i + 1) % step:
+        return False
+    return i not in only_mlp
+
+
+def structural_prefix(facts: ModelFacts, text: Any) -> int:
+    """Shortest layer prefix holding every distinct (layer kind, MoE or dense) pair."""
+    wanted = {(t, _is_moe_layer(facts, text, i)) for i, t in enumerate(facts.layer_types)}
+    seen: set[tuple[str, bool]] = set()
+    for i, kind in enumerate(facts.layer_types):
+        seen.add((kind, _is_moe_layer(facts, text, i)))
+        if seen == wanted:
+            return max(1, min(i + 1, MAX_PREFIX, facts.num_layers))
+    return min(facts.num_layers, MAX_PREFIX)
+
+
+def _cut_layers(text: Any, n: int) -> None:
+    """Cut every per-layer field of ``text`` to the first ``n`` layers."""
+    for name in V.LAYER_FIELDS:
+        if isinstance(getattr(text, name, None), int):
+            setattr(text, name, n)
+    for name in ("layer_types", "layers_block_type", "block_types", "mlp_only_layers_list"):
+        value = getattr(text, name, None)
+        if isinstance(value, (list, tuple)) and len(value) > n:
+            setattr(text, name, list(value)[:n])
+    pattern = getattr(text, "hybrid_override_pattern", None)
+    if isinstance(pattern, str) and len(pattern) > n:
+        text.hybrid_override_pattern = pattern[:n]
+    for name in ("attn_layer_indices", "full_attn_idxs", "mlp_only_layers"):
+        value = getattr(text, name, None)
+        if isinstance(value, (list, tuple)):
+            setattr(text, name, [i for i in value if isinstance(i, int) and i < n])
+    lac = getattr(text, "linear_attn_config", None)
+    if isinstance(lac, dict):
+        for key in ("full_attn_layers", "kda_layers"):
+            if isinstance(lac.get(key), list):
+                lac[key] = [i for i in lac[key] if i <= n]
+
+
+def _cut_experts(text: Any, facts: ModelFacts) -> None:
+    if not facts.is_moe:
+        return
+    experts = max(2, min(facts.num_experts, 4))
+    for name in V.EXPERT_COUNT_FIELDS:
+        if isinstance(getattr(text, name, None), int) and getattr(text, name) > 0:
+            setattr(text, name, experts)
+    for name in V.TOP_K_FIELDS:
+        value = getattr(text, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(text, name, max(1, min(value, experts - 1 if experts > 2 else 2)))
+    if isinstance(getattr(text, "n_group", None), int) and text.n_group > 1:
+        text.n_group = 2
+        if isinstance(getattr(text, "topk_group", None), int):
+            text.topk_group = 1
+
+
+def _cut_extras(text: Any) -> None:
+    for name in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if isinstance(getattr(text, name, None), int):
+            setattr(text, name, 0)
+
+
+@dataclass
+class TinyInstance:
+    model: nn.Module
+    config: Any
+    kept_layers: int
+    layer_types: list[str]
+    shrink: str
+
+
+def build_structural(facts: ModelFacts, cfg_obj: Any) -> TinyInstance:
+    """The meta-device base model (``AutoModel``, as vLLM builds it) of the structural shrink."""
+    from transformers import AutoModel
+
+    if cfg_obj is None:
+        raise InstanceError("no transformers config class for this model_type (remote code is not executed)")
+    register_attention()
+    config = copy.deepcopy(cfg_obj)
+    text = config.get_text_config()
+    n = structural_prefix(facts, text)
+    _cut_layers(text, n)
+    _cut_experts(text, facts)
+    _cut_extras(text)
+    text._attn_implementation = ATTN_IMPLEMENTATION
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    except Exception as exc:
+        raise InstanceError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}") from None
+    # The model's own (possibly recomputed) text config decides the layer kinds it built.
+    built = model.config.get_text_config() if hasattr(model, "config") else text
+    kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
+    return TinyInstance(model, model.config, n, kinds[:n], "structural")

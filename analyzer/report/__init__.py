@@ -1,0 +1,155 @@
+"""Analysis + findings -> the report: one plain dict, versioned by ``SCHEMA_VERSION``.
+
+The published JSON Schema is ``scan.schema.json`` beside this file; a test validates
+every family's report against it. Renderers read this dict, never rules.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import hfcheck
+from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.analysis import Analysis
+from hfcheck.analyzer.report.memory import estimate, suggested_tp
+from hfcheck.analyzer.report.verdict import score_of, verdict_of
+from hfcheck.analyzer.rules.base import Finding
+from hfcheck.analyzer.rules.parallel import inferred_plan, tp_refusals
+from hfcheck.analyzer.rules.registry import RULES
+
+SCHEMA_VERSION = "1.0"
+
+
+def schema() -> dict[str, Any]:
+    return json.loads(resources.files("hfcheck.analyzer.report").joinpath("scan.schema.json").read_text())
+
+
+def run_rules(analysis: Analysis) -> list[Finding]:
+    findings: list[Finding] = []
+    for rule in RULES:
+        try:
+            findings.extend(rule().check(analysis))
+        except Exception as exc:  # a rule bug is a recorded fact, never a crash of the scan
+            findings.append(Finding(rule.code, "inconclusive", f"check crashed: {type(exc).__name__}: {exc}", None, rule.impact))
+    return findings
+
+
+def build_report(analysis: Analysis) -> dict[str, Any]:
+    findings = run_rules(analysis)
+    facts, obs, source = analysis.facts, analysis.observations, analysis.source
+    verdict, score = verdict_of(findings), score_of(findings)
+    working = [s for s in V.TP_SIZES if not tp_refusals(analysis, s)]
+    mem = estimate(analysis)
+    tp = suggested_tp(mem, working)
+    blockers = [f for f in findings if f.status == "fail" and f.impact == "blocker"]
+    layer_attention = obs.attention_by_layer if obs else {}
+    layers = [
+        {
+            "index": i,
+            "type": kind,
+            "attention_interface": (i in layer_attention) if (obs and i < analysis.instance.kept_layers) else kind in V.SOFTMAX_LAYER_KINDS,
+            "observed": bool(obs and i < analysis.instance.kept_layers),
+        }
+        for i, kind in enumerate(facts.layer_types)
+    ]
+    modules: dict[str, dict[str, Any]] = {}
+    for m in obs.modules if obs else []:
+        if not (m.fusions or m.attention or m.refused or (m.rejected and m.linear_children)):
+            continue
+        entry = modules.setdefault(m.cls, {"class": m.cls, "fusions": [], "attention_interface": False, "not_fused": []})
+        entry["fusions"] = sorted(set(entry["fusions"]) | set(m.fusions), key=V.FUSIONS.index)
+        entry["attention_interface"] = entry["attention_interface"] or m.attention
+        for name, reason in m.refused + m.rejected:
+            item = {"fusion": name, "reason": reason}
+            if name != "attention" and item not in entry["not_fused"] and name not in entry["fusions"] and not reason.startswith("a higher-priority"):
+                entry["not_fused"].append(item)
+    moe = []
+    seen_moe = set()
+    for _, block in obs.moe_blocks if obs else []:
+        if block.block_class in seen_moe:
+            continue
+        seen_moe.add(block.block_class)
+        moe.append(
+            {
+                "class": block.block_class,
+                "experts_class": block.experts_class,
+                "experts_replaceable": block.experts_replaceable,
+                "internal_routing": block.internal_routing,
+                "reason": block.routing_reason if block.experts_replaceable else block.replace_reason,
+            }
+        )
+    tp_plan = None
+    if obs is not None:
+        tp_plan = {"source": "declared", "entries": obs.tp_plan} if obs.tp_plan else ({"source": "inferred", "entries": inferred_plan(obs)} if inferred_plan(obs) else None)
+    pp_supported = bool(obs and (obs.pp_plan or len(obs.decoder_module_lists) == 1))
+    ep_supported = bool(obs and facts.is_moe and obs.moe_blocks and all(b.experts_replaceable for _, b in obs.moe_blocks))
+    command = serve_command(analysis, verdict, tp, ep_supported)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hfcheck_version": hfcheck.__version__,
+        "vllm_version_modelled": V.VLLM_VERSION_MODELLED,
+        "transformers_version": _transformers_version(),
+        "verdict": verdict,
+        "score": score,
+        "model": {
+            "ref": source.ref,
+            "source": source.kind,
+            "source_note": source.note,
+            "revision": source.revision,
+            "model_type": facts.model_type,
+            "architectures": facts.architectures,
+            "remote_code": bool(facts.auto_map),
+            "vllm_native": facts.vllm_native,
+            "parameters": mem.parameters if mem else None,
+        },
+        "blockers": [f.message for f in blockers],
+        "checks": [f.to_dict() for f in findings],
+        "modules": list(modules.values()),
+        "layers": layers,
+        "moe": moe,
+        "parallel": {
+            "tp": {
+                "plan": tp_plan,
+                "sizes": {str(s): s in working for s in V.TP_SIZES},
+                "refusals": {str(s): tp_refusals(analysis, s) for s in V.TP_SIZES if s not in working},
+            },
+            "pp": {"supported": pp_supported, "plan": (list(obs.pp_plan) if obs and obs.pp_plan else (obs.decoder_module_lists if obs else None))},
+            "ep": {"supported": ep_supported},
+        },
+        "memory": (
+            {
+                "weights_gib": round(mem.weight_gib, 2),
+                "kv_cache_gib_per_sequence": round(mem.kv_gib_per_sequence, 2),
+                "context": mem.context,
+                "assumed_gpu_gib": mem.gpu_gib,
+                "suggested_tp": tp,
+            }
+            if mem
+            else None
+        ),
+        "serve_command": command,
+        "missing_code": list(source.missing_code),
+        "timings_s": {k: round(v, 3) for k, v in analysis.timings.items()},
+    }
+
+
+def serve_command(analysis: Analysis, verdict: str, tp: int | None, ep: bool) -> str | None:
+    if verdict == "blocked":
+        return None
+    ref = analysis.source.repo_id or analysis.source.location or analysis.source.ref
+    parts = ["vllm", "serve", ref, "--model-impl", "transformers"]
+    if analysis.facts.auto_map:
+        parts.append("--trust-remote-code")
+    if tp and tp > 1:
+        parts += ["--tensor-parallel-size", str(tp)]
+    if ep and tp and tp > 1:
+        parts.append("--enable-expert-parallel")
+    return " ".join(parts)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__

@@ -45,7 +45,8 @@ def load_bundled(
     """A ModelSource from the snapshot in ``folder``; ``note`` tells the user it is a snapshot.
 
     The snapshot has no .py files, so auto_map modules end up in ``missing_code``;
-    ``hub_cache_fetcher`` may still find cross-repo ones in the local HF cache.
+    ``hub_cache_fetcher`` (already known to be offline) may still find cross-repo ones in
+    the local HF cache.
     """
     config = read_config(folder / "config.json", f"bundled config.json of {repo_id}")
     code, missing = collect_code(config, folder_fetcher(folder, UNREACHABLE_CODE), hub_cache_fetcher)

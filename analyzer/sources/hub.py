@@ -91,20 +91,40 @@ def describe(exc: BaseException, repo_id: str, revision: str | None, filename: s
     return f"{filename} of {at}: {first_line(exc)}"
 
 
-def _download(repo_id: str, filename: str, revision: str | None, local_files_only: bool = False) -> Path:
-    """``hf_hub_download`` into the normal cache; token/endpoint/offline come from the environment."""
-    return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=local_files_only))
+class HubSession:
+    """One ``resolve()``'s view of the Hub: once it proved unreachable, stop asking it.
+
+    With no cached copy, huggingface_hub retries a refused or timed-out request for about
+    20 s per file; a model with several remote-code files would wait minutes. After the first
+    "unreachable", later files of the same resolve are looked up in the cache only.
+    """
+
+    def __init__(self, unreachable: str | None = None) -> None:
+        self.unreachable = unreachable  # why the Hub cannot be reached, once known
+
+    def download(self, repo_id: str, filename: str, revision: str | None) -> Path:
+        """``hf_hub_download`` into the normal cache; token/endpoint/offline come from the environment."""
+        try:
+            return Path(
+                hf_hub_download(
+                    repo_id, filename, revision=revision, local_files_only=self.unreachable is not None
+                )
+            )
+        except HUB_ERRORS as exc:
+            if self.unreachable is None and is_unreachable(exc):
+                self.unreachable = unreachable_why(exc)
+            raise
 
 
-def hub_fetcher(repo_id: str, revision: str | None, local_files_only: bool = False) -> Fetch:
+def hub_fetcher(session: HubSession, repo_id: str, revision: str | None) -> Fetch:
     """A code-file fetcher for one repo at one revision (a commit sha pins it to the config's)."""
 
     def fetch(filename: str) -> Path:
         try:
-            return _download(repo_id, filename, revision, local_files_only)
+            return session.download(repo_id, filename, revision)
         except HUB_ERRORS as exc:
             if is_unreachable(exc):
-                why = "" if local_files_only else f" ({unreachable_why(exc)})"
+                why = f" ({session.unreachable})" if session.unreachable else ""
                 raise CodeUnavailable(f"not in the HF cache and the Hub cannot be reached{why}") from None
             raise CodeUnavailable(describe(exc, repo_id, revision, filename)) from None
 
@@ -120,11 +140,12 @@ def _snapshot_sha(path: Path) -> str | None:
 def resolve_hub(ref: str) -> ModelSource:
     """Fetch config.json (+ generation_config.json, auto_map code) of a Hub repo via the HF cache."""
     repo_id, revision = parse_hub_ref(ref)
+    session = HubSession()
     try:
-        config_file = _download(repo_id, "config.json", revision)
+        config_file = session.download(repo_id, "config.json", revision)
     except HUB_ERRORS as exc:
-        if is_unreachable(exc):
-            return _fallback(ref, repo_id, revision, unreachable_why(exc))
+        if session.unreachable is not None:
+            return _fallback(ref, repo_id, revision, session)
         message = describe(exc, repo_id, revision, "config.json")
         if isinstance(exc, RemoteEntryNotFoundError):
             message += " (not a transformers model?)"
@@ -132,10 +153,12 @@ def resolve_hub(ref: str) -> ModelSource:
     pinned = _snapshot_sha(config_file) or revision
     config = read_config(config_file, f"config.json of {repo_id}@{pinned or 'main'}")
     try:
-        generation_file: Path | None = _download(repo_id, "generation_config.json", pinned)
+        generation_file: Path | None = session.download(repo_id, "generation_config.json", pinned)
     except HUB_ERRORS:  # optional file: absent, or not cached while offline
         generation_file = None
-    code, missing = collect_code(config, hub_fetcher(repo_id, pinned), lambda other: hub_fetcher(other, None))
+    code, missing = collect_code(
+        config, hub_fetcher(session, repo_id, pinned), lambda other: hub_fetcher(session, other, None)
+    )
     return ModelSource(
         ref=ref,
         kind="hub",
@@ -150,11 +173,12 @@ def resolve_hub(ref: str) -> ModelSource:
     )
 
 
-def _fallback(ref: str, repo_id: str, revision: str | None, why: str) -> ModelSource:
+def _fallback(ref: str, repo_id: str, revision: str | None, session: HubSession) -> ModelSource:
     """Neither Hub nor cache could serve ``repo_id``: use the bundled snapshot, or give up in one line.
 
     The snapshot stands for the default branch only, so a pinned revision is never served from it.
     """
+    why = session.unreachable
     folder = bundled_dir(repo_id)
     if folder is None:
         raise SourceError(f"{ref}: cannot reach the Hub ({why}) and no cached or bundled copy of {repo_id}")
@@ -164,6 +188,4 @@ def _fallback(ref: str, repo_id: str, revision: str | None, why: str) -> ModelSo
             " (hfcheck bundles the default branch only)"
         )
     note = f"Hub unreachable ({why}): using hfcheck's bundled snapshot of {repo_id}'s config.json"
-    return load_bundled(
-        ref, repo_id, folder, note, lambda other: hub_fetcher(other, None, local_files_only=True)
-    )
+    return load_bundled(ref, repo_id, folder, note, lambda other: hub_fetcher(session, other, None))

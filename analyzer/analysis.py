@@ -1,0 +1,84 @@
+"""Gather everything the rules read, in the data flow's order, once.
+
+source -> facts -> tiny instance -> observations. A stage that cannot run (remote code
+not executed, a class that does not build) leaves a recorded reason; later rules turn
+that into "inconclusive" rather than crashing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfcheck.analyzer.facts import ModelFacts, collect_facts
+from hfcheck.analyzer.fusions.base import FusionContext
+from hfcheck.analyzer.graph.observe import Observations, observe
+from hfcheck.analyzer.instance import InstanceError, TinyInstance, build_structural
+from hfcheck.analyzer.sources import ModelSource
+
+
+@dataclass
+class Analysis:
+    source: ModelSource
+    facts: ModelFacts
+    config_object: Any
+    instance: TinyInstance | None
+    instance_error: str | None
+    observations: Observations | None
+    transformers_class: type | None
+    class_origin: str | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fusion_context(self) -> FusionContext:
+        return fusion_context(self.facts)
+
+
+def fusion_context(facts: ModelFacts, tp_size: int = 1) -> FusionContext:
+    return FusionContext(head_size=facts.head_dim or 1, tp_size=tp_size, use_mla=facts.uses_mla)
+
+
+def resolve_transformers_class(facts: ModelFacts) -> tuple[type | None, str | None]:
+    """The class vLLM resolves: ``getattr(transformers, architecture)``; remote classes
+    (auto_map) are not imported here, since that would execute them."""
+    import transformers
+
+    for arch in facts.architectures:
+        cls = getattr(transformers, arch, None)
+        if isinstance(cls, type):
+            return cls, "transformers"
+    if any(k.startswith("AutoModel") for k in facts.auto_map):
+        return None, "auto_map"
+    return None, None
+
+
+def analyse(source: ModelSource) -> Analysis:
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    facts, cfg_obj = collect_facts(source.config)
+    timings["facts"] = time.perf_counter() - t0
+    cls, origin = resolve_transformers_class(facts)
+    instance = observations = None
+    error = None
+    t1 = time.perf_counter()
+    if cfg_obj is None:
+        error = "remote code: its classes are not executed without --trust-remote-code"
+    else:
+        try:
+            instance = build_structural(facts, cfg_obj)
+        except InstanceError as exc:
+            error = str(exc)
+    timings["instance"] = time.perf_counter() - t1
+    if instance is not None:
+        t2 = time.perf_counter()
+        limit = sys.getrecursionlimit()
+        try:
+            observations = observe(instance.model, fusion_context(facts))
+        except RecursionError:  # pragma: no cover - a pathological module tree
+            error = "the module tree is too deep to walk"
+        finally:
+            sys.setrecursionlimit(limit)
+        timings["graph"] = time.perf_counter() - t2
+    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings)

@@ -1,0 +1,163 @@
+"""Walk a tiny instance the way vLLM's ``recursive_replace`` does and record what it sees.
+
+The result is raw observation (no verdicts): per module instance, the fusions it takes
+and why others were refused; per decoder layer, the modules that would serve its
+attention; MoE blocks; the decoder's ModuleLists; and a networkx graph of modules
+(containment) and data flow between sibling modules (from each class's fx trace).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import networkx as nx
+from torch import fx, nn
+
+from hfcheck.analyzer.fusions.attention import layer_index, scaling_problem, sinks_problem
+from hfcheck.analyzer.fusions.base import FusionContext
+from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
+from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, MoEBlock, analyse_block, experts_replaceable
+
+
+@dataclass
+class ModuleObservation:
+    path: str
+    cls: str
+    fusions: list[str]
+    rejected: list[tuple[str, str]]
+    refused: list[tuple[str, str]]
+    trace_complete: bool | None
+    trace_error: str | None
+    attention: bool = False
+    layer_idx: int | None = None
+    attention_problem: str | None = None
+    sinks: bool = False
+    linear_children: int = 0
+    projections: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    row_parallel: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Observations:
+    modules: list[ModuleObservation]
+    attention_by_layer: dict[int, list[str]]
+    attention_problems: list[str]
+    moe_blocks: list[tuple[str, MoEBlock]]
+    decoder_class: str | None
+    decoder_module_lists: list[str]
+    encoder_attention: list[str]
+    tp_plan: dict[str, str]
+    pp_plan: dict[str, object] | None
+    graph: nx.DiGraph
+    vocab_embeddings: int = 0
+
+
+_NO_RECURSE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    try:
+        decoder = model.get_decoder()
+        if isinstance(decoder, nn.Module):
+            return decoder
+    except Exception:
+        pass
+    return model
+
+
+def _dataflow_edges(graph: fx.Graph | None, prefix: str) -> list[tuple[str, str]]:
+    """Edges child -> child when one module's output reaches another's input directly
+    or through parameter-free ops."""
+    if graph is None:
+        return []
+    edges = []
+    for node in graph.nodes:
+        if node.op != "call_module":
+            continue
+        stack, seen = list(node.users), set()
+        while stack:
+            user = stack.pop()
+            if user in seen:
+                continue
+            seen.add(user)
+            if user.op == "call_module":
+                edges.append((f"{prefix}.{node.target}".lstrip("."), f"{prefix}.{user.target}".lstrip(".")))
+            elif user.op in ("call_function", "call_method"):
+                stack.extend(user.users)
+    return edges
+
+
+def observe(model: nn.Module, ctx: FusionContext) -> Observations:
+    graph = nx.DiGraph()
+    modules: list[ModuleObservation] = []
+    attention_by_layer: dict[int, list[str]] = defaultdict(list)
+    problems: list[str] = []
+    moe_blocks: list[tuple[str, MoEBlock]] = []
+    encoder: list[str] = []
+
+    def visit(module: nn.Module, path: str) -> None:
+        graph.add_node(path or "<model>", cls=type(module).__name__)
+        if getattr(module, "is_causal", True) is False:
+            encoder.append(path)
+        cf = class_fusions(module)
+        inst = instance_fusions(module, ctx)
+        names = [m.fusion for m in inst.chosen]
+        obs = ModuleObservation(
+            path=path,
+            cls=type(module).__name__,
+            fusions=[n for n in names if n != "attention"],
+            rejected=inst.rejected,
+            refused=cf.refused,
+            trace_complete=cf.trace.complete if cf.trace else None,
+            trace_error=cf.trace.error if cf.trace else None,
+            linear_children=sum(isinstance(c, nn.Linear) for c in module.children()),
+        )
+        for m in inst.chosen:
+            if m.projections:
+                obs.projections[m.fusion] = m.projections
+            if m.row_parallel:
+                obs.row_parallel[m.fusion] = m.row_parallel
+            if m.fusion == "attention":
+                obs.attention = True
+                obs.layer_idx = layer_index(module)
+                obs.attention_problem = scaling_problem(m, module) or sinks_problem(m, module)
+                obs.sinks = m.details.get("s_aux") is not None
+                if obs.attention_problem:
+                    problems.append(f"{path}: {obs.attention_problem}")
+                if obs.layer_idx is not None:
+                    attention_by_layer[obs.layer_idx].append(path)
+        modules.append(obs)
+        if cf.trace is not None:
+            graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
+        experts = dict(module.named_children()).get(EXPERTS_NAME)
+        if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
+            moe_blocks.append((path, analyse_block(module)))
+        for name, child in module.named_children():
+            child_path = f"{path}.{name}" if path else name
+            graph.add_edge(path or "<model>", child_path, kind="contains")
+            if isinstance(child, _NO_RECURSE):
+                graph.add_node(child_path, cls=type(child).__name__)
+                continue
+            if name == EXPERTS_NAME and experts_replaceable(child)[0]:
+                graph.add_node(child_path, cls=type(child).__name__, replaced="FusedMoE")
+                continue
+            visit(child, child_path)
+
+    visit(model, "")
+    decoder = _decoder(model)
+    lists = [n for n, c in decoder.named_children() if isinstance(c, nn.ModuleList) and next(c.parameters(), None) is not None]
+    tp_plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
+    pp_plan = getattr(model, "_pp_plan", None) or None
+    return Observations(
+        modules=modules,
+        attention_by_layer=dict(attention_by_layer),
+        attention_problems=problems,
+        moe_blocks=moe_blocks,
+        decoder_class=type(decoder).__name__,
+        decoder_module_lists=lists,
+        encoder_attention=encoder,
+        tp_plan=tp_plan,
+        pp_plan=dict(pp_plan) if pp_plan else None,
+        graph=graph,
+    )

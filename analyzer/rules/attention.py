@@ -1,0 +1,133 @@
+"""Does every decoder layer dispatch attention through the transformers interface?"""
+
+from __future__ import annotations
+
+from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.rules.base import Finding, Rule
+
+_SSM_BESIDE_ATTENTION = frozenset({"hybrid", "hybrid_sliding"})
+
+
+class AttentionCoverage(Rule):
+    code = "HFC201"
+    name = "attention-coverage"
+    impact = "blocker"
+    what = "Every decoder layer has exactly one module that calls the attention interface and carries an int `layer_idx`."
+    why = (
+        "vLLM allocates one attention layer (and its KV cache) per decoder layer from these modules. "
+        "A layer without one fails at load: 'Layer i (type) does not dispatch through the Transformers "
+        "attention interface and vLLM has no other way to handle it.' This is what refuses linear "
+        "attention, SSM/Mamba, convolution and recurrent layers. Two dispatching modules in one layer also fail."
+    )
+    example = "Qwen3-Next: layers 0-2 of every 4 are linear attention (Gated DeltaNet): blocked"
+    fix = "Only softmax attention (full / sliding / chunked) is served; a model with other layer kinds needs a native vLLM implementation."
+
+    def check(self, analysis) -> list[Finding]:
+        facts = analysis.facts
+        kinds = facts.layer_types
+        other = [(i, k) for i, k in enumerate(kinds) if k not in V.SOFTMAX_LAYER_KINDS and k not in _SSM_BESIDE_ATTENTION]
+        findings: list[Finding] = []
+        if other:
+            named = ", ".join(f"{i} ({k})" for i, k in other[:8]) + (f", ... {len(other) - 8} more" if len(other) > 8 else "")
+            summary = _count(k for _, k in other)
+            findings.append(
+                self.failed(
+                    f"{len(other)} of {len(kinds)} layers do not use softmax attention ({summary}): layers {named}",
+                    blocking_layers=[{"index": i, "type": k} for i, k in other],
+                )
+            )
+        obs = analysis.observations
+        if obs is None:
+            if not findings:
+                findings.append(self.inconclusive("no instance to walk; config says every layer is softmax attention"))
+            return findings
+        built = analysis.instance.kept_layers
+        missing = [i for i in range(built) if i not in obs.attention_by_layer]
+        doubled = {i: paths for i, paths in obs.attention_by_layer.items() if len(paths) > 1}
+        if missing and not other:
+            reason = _missing_reason(obs)
+            findings.append(
+                self.failed(
+                    f"layers {', '.join(map(str, missing[:8]))} of the tiny instance have no module dispatching through the attention interface{reason}",
+                    blocking_layers=[{"index": i, "type": kinds[i] if i < len(kinds) else "unknown"} for i in missing],
+                )
+            )
+        for i, paths in doubled.items():
+            findings.append(self.failed(f"layer {i} dispatches attention from more than one module ({', '.join(paths)})"))
+        if not findings:
+            findings.append(self.passed(f"all {len(kinds)} layers dispatch through the attention interface once ({_count(kinds)})"))
+        return findings
+
+
+def _missing_reason(obs) -> str:
+    unindexed = [m.path for m in obs.modules if m.attention and m.layer_idx is None]
+    if unindexed:
+        return f" (dispatching modules without an int layer_idx: {', '.join(unindexed[:3])})"
+    rejected = [m.path for m in obs.modules if any(n == "attention" for n, _ in m.rejected)]
+    if rejected:
+        return f" ({rejected[0]} dispatches but its config is not the patched text config)"
+    return " (attention is written by hand or called directly, e.g. F.scaled_dot_product_attention)"
+
+
+def _count(kinds) -> str:
+    counts: dict[str, int] = {}
+    for k in kinds:
+        counts[k] = counts.get(k, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
+class UnmanagedStateSpace(Rule):
+    code = "HFC202"
+    name = "ssm-beside-attention"
+    impact = "blocker"
+    what = "Layers that run an SSM (Mamba) mixer beside attention in the same layer (`hybrid`)."
+    why = (
+        "Falcon-H1-style layers pass vLLM's attention-coverage gate (the attention dispatches) but the SSM "
+        "half runs unmanaged: no state cache, no batching across requests. Treat as unsupported."
+    )
+    example = "falcon_h1: every layer is `hybrid` (attention + Mamba2 in parallel)"
+    fix = "Serve it with a native vLLM implementation (`--model-impl auto`) where one exists."
+
+    def check(self, analysis) -> list[Finding]:
+        hybrid = [i for i, k in enumerate(analysis.facts.layer_types) if k in _SSM_BESIDE_ATTENTION]
+        if hybrid:
+            return [self.failed(f"{len(hybrid)} layers run an SSM beside attention that vLLM leaves unmanaged", blocking_layers=[{"index": i, "type": analysis.facts.layer_types[i]} for i in hybrid])]
+        return [self.passed("no SSM mixer beside attention")]
+
+
+class AttentionArguments(Rule):
+    code = "HFC203"
+    name = "attention-arguments-resolvable"
+    impact = "blocker"
+    what = "The `scaling=` (and `s_aux=`) passed to the attention interface is a literal or a numeric `self.<attr>`."
+    why = "vLLM reads the softmax scale and attention sinks from the forward's source; anything else raises 'Cannot resolve attention scaling expression'."
+    example = "attention_interface(self, q, k, v, mask, scaling=self.head_dim ** -0.5)   # an expression: refused"
+    fix = "Store the scale on the module in __init__ (`self.scaling = self.head_dim ** -0.5`) and pass `scaling=self.scaling`."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if obs is None:
+            return [self.inconclusive("no instance to read")]
+        if obs.attention_problems:
+            return [self.failed("; ".join(obs.attention_problems[:3]))]
+        sinks = [m.cls for m in obs.modules if m.sinks]
+        extra = f"; attention sinks (s_aux) on {sinks[0]}" if sinks else ""
+        return [self.passed("attention scale and sinks resolve" + extra, sinks=bool(sinks))]
+
+
+class EncoderModels(Rule):
+    code = "HFC204"
+    name = "encoder-decoder"
+    impact = "blocker"
+    what = "Encoder-decoder models are refused; encoder-only models (is_causal = False) are served with encoder attention."
+    why = "vLLM's transformers backend treats any text model with a non-causal attention module as encoder-only and does not support encoder-decoder models."
+    example = "t5, bart (is_encoder_decoder: true): refused"
+    fix = "Use a decoder-only checkpoint, or a native vLLM implementation where one exists."
+
+    def check(self, analysis) -> list[Finding]:
+        if analysis.facts.is_encoder_decoder:
+            return [self.failed("encoder-decoder model: vLLM's transformers backend does not support it")]
+        obs = analysis.observations
+        if obs is not None and obs.encoder_attention:
+            return [self.noted(f"encoder-only: {obs.encoder_attention[0]} has is_causal = False; served with encoder attention (pooling, not generation)")]
+        return [self.passed("decoder-only")]

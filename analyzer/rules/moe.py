@@ -1,0 +1,79 @@
+"""Mixture-of-experts: replaced by FusedMoE? routed by vLLM? expert parallel?"""
+
+from __future__ import annotations
+
+from hfcheck.analyzer.rules.base import Finding, Rule
+
+
+class ExpertsReplaceable(Rule):
+    code = "HFC401"
+    name = "moe-experts-replaced"
+    impact = "speed"
+    what = "Each MoE block has a child named `experts` that is an nn.ModuleList or holds only 3-D parameters."
+    why = "Only such experts become vLLM's FusedMoE kernel; otherwise every expert runs as plain transformers code, far slower and unsharded."
+    example = "GPT-OSS: experts carry 2-D biases (gate_up_proj_bias [E, 2I]) and are not replaced"
+    fix = "Name the experts module `experts`, store weights as `gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`, with forward(hidden_states, top_k_index, top_k_weights)."
+
+    def check(self, analysis) -> list[Finding]:
+        facts, obs = analysis.facts, analysis.observations
+        if not facts.is_moe:
+            return [self.noted("not a mixture-of-experts model")]
+        if obs is None:
+            return [self.inconclusive(f"MoE with {facts.num_experts} experts; no instance to inspect")]
+        if not obs.moe_blocks:
+            return [self.failed(f"config declares {facts.num_experts} experts but no child is named `experts`")]
+        out, seen = [], set()
+        for path, block in obs.moe_blocks:
+            if block.block_class in seen:
+                continue
+            seen.add(block.block_class)
+            if block.experts_replaceable:
+                out.append(self.passed(f"{block.block_class}.experts ({block.experts_class}): replaced by FusedMoE ({block.replace_reason})"))
+            else:
+                out.append(self.failed(f"{block.block_class}.experts ({block.experts_class}) not replaced: {block.replace_reason}"))
+        return out
+
+
+class InternalRouting(Rule):
+    code = "HFC402"
+    name = "moe-routing"
+    impact = "speed"
+    what = "vLLM takes the whole MoE block over (internal routing) when the block's fx graph is the standard router + experts [+ shared expert] shape."
+    why = "With external routing the transformers router runs eagerly before FusedMoE on every step: correct, but slower than native."
+    example = "a block that returns (hidden_states, router_logits), or routes with a custom top-k"
+    fix = "Return one tensor; compute `_, weights, ids = self.gate(x)` with a topk(softmax|sigmoid(linear)) router and call `self.experts(x, ids, weights)`."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
+            return [self.noted("no MoE block to route")]
+        out, seen = [], set()
+        for _, block in obs.moe_blocks:
+            if block.block_class in seen or not block.experts_replaceable:
+                continue
+            seen.add(block.block_class)
+            if block.internal_routing:
+                out.append(self.passed(f"{block.block_class}: internal routing ({block.routing_reason})"))
+            else:
+                out.append(self.warned(f"{block.block_class}: external routing: {block.routing_reason}"))
+        return out or [self.noted("experts are not replaced, so routing stays in transformers")]
+
+
+class ExpertParallel(Rule):
+    code = "HFC403"
+    name = "expert-parallel"
+    impact = "parallel"
+    what = "`--enable-expert-parallel` is possible: the model is MoE and its experts become FusedMoE."
+    why = "Expert parallelism shards whole experts across GPUs; vLLM requires an MoE model whose experts it replaced."
+    example = "Qwen3-MoE: EP supported; GPT-OSS (experts not replaced): not"
+    fix = "Make the experts replaceable (see HFC401)."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.is_moe:
+            return [self.noted("dense model: expert parallel does not apply")]
+        if obs is None:
+            return [self.inconclusive("no instance to inspect")]
+        if obs.moe_blocks and all(b.experts_replaceable for _, b in obs.moe_blocks):
+            return [self.passed(f"expert parallel possible over {analysis.facts.num_experts} experts")]
+        return [self.failed("expert parallel not possible: experts are not replaced by FusedMoE")]

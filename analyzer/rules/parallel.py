@@ -1,0 +1,127 @@
+"""Tensor and pipeline parallel: the plans vLLM will use and the sizes that work."""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.rules.base import Finding, Rule
+
+
+def inferred_plan(obs) -> dict[str, str]:
+    """The plan vLLM's fusers impose: fused projections colwise, their consumers rowwise."""
+    plan: dict[str, str] = {}
+    for m in obs.modules:
+        for fusion, projections in m.projections.items():
+            if fusion in ("qkv", "packed_qkv", "glu", "merged_column", "mla"):
+                for p in projections:
+                    plan[_generic(f"{m.path}.{p}")] = "colwise"
+        for fusion, row in m.row_parallel.items():
+            plan[_generic(f"{m.path}.{row}")] = "rowwise"
+    return plan
+
+
+def _generic(path: str) -> str:
+    return re.sub(r"\.\d+\.", ".*.", path)
+
+
+def tp_refusals(analysis, size: int) -> list[str]:
+    """Why TP ``size`` cannot load (empty when it can)."""
+    facts, reasons = analysis.facts, []
+    heads, kv = facts.num_heads, facts.num_kv_heads
+    if isinstance(heads, int) and heads % size:
+        reasons.append(f"{heads} attention heads do not divide by {size}")
+    if isinstance(kv, int) and kv and not facts.uses_mla:
+        if size >= kv and size % kv:
+            reasons.append(f"TP {size} is not a multiple of {kv} KV heads (needed to replicate them)")
+        elif size < kv and kv % size:
+            reasons.append(f"{kv} KV heads do not divide by {size}")
+    if facts.is_moe and isinstance(facts.moe_intermediate_size, int) and facts.moe_intermediate_size % size:
+        reasons.append(f"expert intermediate size {facts.moe_intermediate_size} does not divide by {size}")
+    obs, inst = analysis.observations, analysis.instance
+    if obs is not None and inst is not None:
+        for m in obs.modules:
+            for fusion in ("glu", "merged_column"):
+                for p in m.projections.get(fusion, ()):
+                    out = inst.model.get_submodule(f"{m.path}.{p}" if m.path else p).out_features
+                    if out % size:
+                        reasons.append(f"{m.cls}.{p} ({out} outputs, merged) does not divide by {size}")
+    return sorted(set(reasons))
+
+
+class TensorParallelPlan(Rule):
+    code = "HFC501"
+    name = "tp-plan"
+    impact = "parallel"
+    what = "A tensor-parallel plan exists: declared (`base_model_tp_plan`) or inferred from the fusions and their row-parallel consumers."
+    why = "Without a plan, vLLM (>= 0.25) warns and replicates every linear the fusers did not shard: TP > 1 loads but gains little."
+    example = "a remote-code model with no base_model_tp_plan and no fused projections"
+    fix = "Declare `base_model_tp_plan` on the config class (q/k/v/gate/up colwise, o/down rowwise), or make the projections fuse."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if obs is None:
+            return [self.inconclusive("no instance to read the plan from")]
+        if obs.tp_plan:
+            out = [self.passed(f"declared tp plan with {len(obs.tp_plan)} entries", plan="declared")]
+            linears = [(n, mod) for n, mod in analysis.instance.model.named_modules() if isinstance(mod, nn.Linear)]
+            fused = {f"{m.path}.{p}" for m in obs.modules for ps in m.projections.values() for p in ps}
+            replicated = set()
+            for name, _ in linears:
+                if name in fused:
+                    continue
+                style = next((s for pat, s in obs.tp_plan.items() if re.match(pat, name)), None)
+                if style is not None and style not in V.TP_STYLES_SHARDED:
+                    replicated.add(f"{_generic(name)} ({style})")
+            if replicated:
+                out.append(self.warned(f"vLLM silently replicates linears with styles it does not shard: {', '.join(sorted(replicated)[:5])}", "Use colwise/rowwise styles for linears vLLM should shard."))
+            return out
+        plan = inferred_plan(obs)
+        if plan:
+            return [self.warned(f"no declared tp plan; vLLM shards what it fuses ({len(plan)} projections) and replicates the rest", plan="inferred")]
+        return [self.failed("no tp plan and nothing fuses: every linear is replicated under TP", plan=None)]
+
+
+class TensorParallelSizes(Rule):
+    code = "HFC502"
+    name = "tp-sizes"
+    impact = "parallel"
+    what = "For TP sizes 1, 2, 4 and 8: attention heads, KV heads and merged projection sizes divide as vLLM requires."
+    why = "vLLM refuses a TP size whose head count does not divide; KV heads are replicated when TP >= num_kv_heads (TP must then be a multiple)."
+    example = "14 heads: TP 4 and 8 are refused"
+    fix = "Pick a TP size from the working list, or combine TP with pipeline parallelism."
+
+    def check(self, analysis) -> list[Finding]:
+        out = []
+        for size in V.TP_SIZES:
+            reasons = tp_refusals(analysis, size)
+            if reasons:
+                out.append(self.warned(f"TP {size}: refused ({'; '.join(reasons)})", size=size))
+        ok = [s for s in V.TP_SIZES if not tp_refusals(analysis, s)]
+        out.insert(0, self.passed(f"TP sizes that load: {', '.join(map(str, ok)) or 'none'}", sizes=ok))
+        return out
+
+
+class PipelineParallel(Rule):
+    code = "HFC601"
+    name = "pp-plan"
+    impact = "parallel"
+    what = "Pipeline parallel: a declared `base_model_pp_plan`, or a decoder with exactly one ModuleList vLLM can split."
+    why = "vLLM refuses PP > 1 for 'models with multiple `ModuleList`s in the base model' or none at all."
+    example = "a decoder holding `layers` and `mamba_layers` ModuleLists: PP refused"
+    fix = "Keep all decoder layers in one nn.ModuleList and declare `base_model_pp_plan` on the config class."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if obs is None:
+            return [self.inconclusive("no instance to inspect")]
+        if obs.pp_plan:
+            return [self.passed(f"declared pp plan: {', '.join(obs.pp_plan)}", plan=list(obs.pp_plan))]
+        lists = obs.decoder_module_lists
+        if len(lists) == 1:
+            return [self.warned(f"no declared pp plan; vLLM infers the split from {obs.decoder_class}.{lists[0]} (warns at load)", plan=lists)]
+        if not lists:
+            return [self.failed(f"no ModuleList in {obs.decoder_class}: pipeline parallel refused")]
+        return [self.failed(f"{len(lists)} ModuleLists in {obs.decoder_class} ({', '.join(lists)}): pipeline parallel refused")]

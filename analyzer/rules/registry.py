@@ -1,0 +1,35 @@
+"""Every rule, in report order. A new rule is one class in its concern's file and one line here."""
+
+from __future__ import annotations
+
+from hfcheck.analyzer.rules.attention import AttentionArguments, AttentionCoverage, EncoderModels, UnmanagedStateSpace
+from hfcheck.analyzer.rules.base import Rule
+from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
+from hfcheck.analyzer.rules.moe import ExpertParallel, ExpertsReplaceable, InternalRouting
+from hfcheck.analyzer.rules.parallel import PipelineParallel, TensorParallelPlan, TensorParallelSizes
+from hfcheck.analyzer.rules.quantization import Quantization
+from hfcheck.analyzer.rules.resolution import ClassResolution, CompatibilityGate, InstanceBuilt, NativeImplementation
+
+RULES: tuple[type[Rule], ...] = (
+    ClassResolution,
+    CompatibilityGate,
+    NativeImplementation,
+    InstanceBuilt,
+    AttentionCoverage,
+    UnmanagedStateSpace,
+    AttentionArguments,
+    EncoderModels,
+    AttentionProjections,
+    GatedMLP,
+    RMSNormDetected,
+    ExpertsReplaceable,
+    InternalRouting,
+    ExpertParallel,
+    TensorParallelPlan,
+    TensorParallelSizes,
+    PipelineParallel,
+    Quantization,
+)
+
+BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in RULES}
+assert len(BY_CODE) == len(RULES), "rule codes must be unique"

@@ -1,0 +1,109 @@
+"""Can vLLM find and accept a transformers implementation of this model at all?"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+
+from hfcheck.analyzer.rules.base import Finding, Rule
+
+
+def source_gate(cls: type) -> bool:
+    """transformers' ``_can_set_attn_implementation`` heuristic, read without caching on the class."""
+    module = sys.modules.get(cls.__module__)
+    if module is None:
+        return False
+    try:
+        code = inspect.getsource(module)
+    except (OSError, TypeError):
+        return False
+    if re.search(r"^class \w*Attention\w*\(nn\.Module\):", code, re.MULTILINE):
+        return "ALL_ATTENTION_FUNCTIONS.get_interface(" in code
+    return True
+
+
+class ClassResolution(Rule):
+    code = "HFC101"
+    name = "transformers-class-found"
+    impact = "blocker"
+    what = "config.architectures names a class transformers exports, or auto_map names an AutoModel class."
+    why = (
+        "vLLM's transformers backend resolves `getattr(transformers, architecture)`, then the "
+        "config's auto_map. Neither: 'Cannot find model module ... not a registered model in the "
+        "Transformers library'."
+    )
+    example = '"architectures": ["MyNewLMForCausalLM"]   # not in transformers, no auto_map'
+    fix = "Publish the modeling code with the model and name it in config.json's auto_map (AutoConfig, AutoModel, AutoModelForCausalLM)."
+
+    def check(self, analysis) -> list[Finding]:
+        facts = analysis.facts
+        if analysis.class_origin == "transformers":
+            return [self.passed(f"{analysis.transformers_class.__name__} is a transformers class")]
+        if analysis.class_origin == "auto_map":
+            return [self.passed("auto_map names the model classes (remote code: needs --trust-remote-code)", remote=True)]
+        archs = ", ".join(facts.architectures) or "(none)"
+        return [self.failed(f"no transformers class for {archs} and no AutoModel entry in auto_map")]
+
+
+class CompatibilityGate(Rule):
+    code = "HFC102"
+    name = "backend-compatibility-gate"
+    impact = "blocker"
+    what = "The class sets `_supports_attention_backend = True`, or its modeling module passes transformers' source test."
+    why = (
+        "vLLM checks `cls.is_backend_compatible() or cls._can_set_attn_implementation()`; the source "
+        "test fails when the module defines `class *Attention*(nn.Module)` without calling "
+        "`ALL_ATTENTION_FUNCTIONS.get_interface(`. Failing: 'The Transformers implementation of X is not compatible with vLLM.'"
+    )
+    example = "class MyPreTrainedModel(PreTrainedModel):\n    _supports_attention_backend = False   # and attention written by hand"
+    fix = "Dispatch attention through ALL_ATTENTION_FUNCTIONS.get_interface(...) and set `_supports_attention_backend = True` on the PreTrainedModel subclass."
+
+    def check(self, analysis) -> list[Finding]:
+        cls = analysis.transformers_class
+        if cls is None:
+            if analysis.class_origin == "auto_map":
+                return [self.inconclusive("remote class not imported (untrusted code is never executed)")]
+            return [self.inconclusive("no class to test")]
+        if getattr(cls, "_supports_attention_backend", False):
+            return [self.passed(f"{cls.__name__}._supports_attention_backend is True")]
+        if source_gate(cls):
+            return [self.passed(f"{cls.__name__}'s module passes the source test (interface dispatch found)")]
+        return [self.failed(f"{cls.__name__} neither sets _supports_attention_backend nor dispatches via get_interface")]
+
+
+class NativeImplementation(Rule):
+    code = "HFC103"
+    name = "vllm-native-implementation"
+    impact = "info"
+    what = "Whether vLLM has its own (native) implementation of the architecture."
+    why = (
+        "With `--model-impl auto`, vLLM uses its native class when it has one and falls back to the "
+        "transformers backend otherwise. hfcheck analyses the transformers backend "
+        "(`--model-impl transformers`); a native class is an alternative, not a requirement."
+    )
+    example = "Qwen3ForCausalLM: native in vLLM; MyLMForCausalLM: transformers backend only"
+    fix = "Nothing to fix; pass --model-impl transformers to use the backend analysed here."
+
+    def check(self, analysis) -> list[Finding]:
+        facts = analysis.facts
+        src = f"vLLM {facts.vllm_table_version} registry"
+        if facts.vllm_native:
+            return [self.noted(f"vLLM has a native implementation ({src}); `--model-impl auto` would use it")]
+        return [self.noted(f"no native vLLM implementation ({src}): vLLM falls back to the transformers backend")]
+
+
+class InstanceBuilt(Rule):
+    code = "HFC104"
+    name = "tiny-instance-built"
+    impact = "info"
+    what = "hfcheck built a tiny meta-device instance of the model and walked it as vLLM would."
+    why = "Fusions, attention coverage and MoE handling are read off a real module tree; without one those checks are inconclusive."
+    example = "remote code without --trust-remote-code: the classes are not executed, so no instance"
+    fix = "For remote code, pass --trust-remote-code (issue: sandboxed execution) or rely on the static findings."
+
+    def check(self, analysis) -> list[Finding]:
+        if analysis.instance is not None:
+            inst = analysis.instance
+            return [self.passed(f"built {type(inst.model).__name__} with {inst.kept_layers} of {analysis.facts.num_layers} layers on the meta device")]
+        return [self.inconclusive(f"no tiny instance: {analysis.instance_error}")]
