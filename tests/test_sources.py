@@ -195,7 +195,9 @@ def test_local_oversized_code_file_is_refused(model_dir: Path) -> None:
     assert "over the 5 MB limit" in source.missing_code[0]
 
 
-@pytest.mark.parametrize("ref", ["./does-not-exist", "../nope/nope", "/no/such/dir", "~/no-such-hfcheck-dir"])
+@pytest.mark.parametrize(
+    "ref", ["./does-not-exist", "../nope/nope", "/no/such/dir", "~/no-such-hfcheck-dir", "~no_such_user_x/m"]
+)
 def test_path_like_refs_that_are_not_folders(ref: str) -> None:
     with pytest.raises(SourceError) as exc:
         resolve(ref)

@@ -232,7 +232,7 @@ def _from_mapping(cfg: Mapping[str, Any]) -> list[str]:
     mt = _model_type(cfg)
     n = _count(cfg, mt)
 
-    explicit = _explicit_list(cfg, mt)
+    explicit = _explicit_list(cfg)
     if explicit is not None:
         if mt in _LIST_SETS_COUNT or n is None:
             n = len(explicit)
@@ -240,7 +240,7 @@ def _from_mapping(cfg: Mapping[str, Any]) -> list[str]:
             return _postprocess(mt, cfg, [normalise_kind(k) for k in explicit[:n]])
 
     if n is None:
-        n = _count_from_fields(cfg, mt)
+        n = _count_from_fields(cfg)
     if n is None:
         default = _class_default(mt, "num_hidden_layers")
         n = default if _is_int(default) else None
@@ -260,7 +260,7 @@ def _from_mapping(cfg: Mapping[str, Any]) -> list[str]:
     return _postprocess(mt, cfg, kinds)
 
 
-def _explicit_list(cfg: Mapping[str, Any], mt: str) -> list[str] | None:
+def _explicit_list(cfg: Mapping[str, Any]) -> list[str] | None:
     for key in ("layer_types", "layers_block_type"):
         value = cfg.get(key)
         if _is_kind_list(value):
@@ -268,7 +268,7 @@ def _explicit_list(cfg: Mapping[str, Any], mt: str) -> list[str] | None:
     return None
 
 
-def _count_from_fields(cfg: Mapping[str, Any], mt: str) -> int | None:
+def _count_from_fields(cfg: Mapping[str, Any]) -> int | None:
     """Layer count implied by a per-layer field, for configs that state no count."""
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
@@ -645,7 +645,7 @@ def _sparse_freq(cfg: Mapping[str, Any], n: int) -> list[str] | None:
     return None
 
 
-def _step3p5(cfg: Mapping[str, Any], n: int) -> list[str]:
+def _minimax_m3(cfg: Mapping[str, Any], n: int) -> list[str]:
     return _sparse_freq(cfg, n) or ["full_attention"] * n
 
 
@@ -766,8 +766,10 @@ _RULES: dict[str, Rule] = {
         for mt in ("axk2", "deepseek_v32", "glm_moe_dsa", "hy_v4", "hy_v4_vl_text", "mistral_large4_text")
     },
     "deepseek_v4": _deepseek_v4,
-    "step3p5": _step3p5,
-    "minimax_m3_vl_text": _step3p5,
+    # Step3p7TextConfig fills layer_types with full_attention before it reads
+    # `sparse_attention_config`, so step3p5's sparse frequency list never takes effect there.
+    "step3p5": _all("full_attention"),
+    "minimax_m3_vl_text": _minimax_m3,
 }
 
 

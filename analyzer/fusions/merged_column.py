@@ -36,7 +36,7 @@ class MergedColumn(Pattern):
         if any(not p for p in paths) or len({id(p[-1][0]) for p in paths}) != 1:
             raise src.RewriteRefused("the parallel linear calls are in different blocks")
         block = paths[0][-1][0]
-        src.check_input_stable(funcdef, calls, block, [p[-1][1] for p in paths])
+        src.check_input_stable(funcdef, module, calls, block, [p[-1][1] for p in paths])
         src.splice_names_free(funcdef, len(calls))
 
     @classmethod

@@ -63,7 +63,7 @@ class QKV(Pattern):
             ):
                 raise src.RewriteRefused(f"another linear (self.{node.func.attr}) reads the same input")
         block, indices = src.common_block(funcdef, calls)
-        src.check_input_stable(funcdef, calls, block, indices)
+        src.check_input_stable(funcdef, module, calls, block, indices)
         src.splice_names_free(funcdef, 3)
 
     @classmethod

@@ -130,34 +130,128 @@ def common_block(funcdef: ast.FunctionDef, calls: list[ast.Call]) -> tuple[list[
     return paths[0][depth - 1][0], [p[depth - 1][1] for p in paths]
 
 
+def _base_name(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _inplace_target(node: ast.AST) -> str | None:
+    """The name written through (``x[i] = ``, ``x.a = ``) or mutated (``x.mul_()``)."""
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        return _base_name(node)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _inplace_name(node.func.attr):
+        return _base_name(node.func.value)
+    return None
+
+
+def _inplace_name(name: str) -> bool:
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _arg_names(call: ast.Call) -> set[str]:
+    reads = [*call.args, *(k.value for k in call.keywords)]
+    return {n.id for a in reads for n in ast.walk(a) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _writes_through_args(call: ast.Call) -> bool:
+    """``out=``, ``inplace=True`` or a trailing-underscore function (``torch.relu_(x)``)."""
+    for k in call.keywords:
+        if k.arg == "out":
+            return True
+        if k.arg == "inplace" and not (isinstance(k.value, ast.Constant) and k.value.value is False):
+            return True
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+    return _inplace_name(name)
+
+
 def _written(region: list[ast.stmt]) -> set[str]:
-    """Names rebound, written through, or mutated in place within ``region``."""
+    """Names ``region`` may rebind, write through, or mutate (over-approximated: a miss
+    would mean wrong numbers, a false hit only a lost fusion)."""
     names: set[str] = set()
     for stmt in region:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            names |= _arg_names(stmt.value)  # a discarded call is there for a side effect
         for node in ast.walk(stmt):
             if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 names.add(node.id)
-            elif isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store):
-                base = node
-                while isinstance(base, (ast.Subscript, ast.Attribute)):
-                    base = base.value
-                if isinstance(base, ast.Name):
-                    names.add(base.id)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_") and not node.func.attr.endswith("__"):
-                base = node.func.value
-                if isinstance(base, ast.Name):
-                    names.add(base.id)
+            elif (base := _inplace_target(node)) is not None:
+                names.add(base)
+            if isinstance(node, ast.Call) and _writes_through_args(node):
+                names |= _arg_names(node)
     return names
 
 
-def check_input_stable(funcdef: ast.FunctionDef, calls: list[ast.Call], block: list[ast.stmt], indices: list[int]) -> None:
-    """Hoisting the merged GEMM to the first call must not change what it reads."""
+_METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel", "item"})
+
+
+def _aliasing_reads(node: ast.expr) -> set[str]:
+    """Names ``node`` reads in a way that could return a view of them (not metadata)."""
+    names: set[str] = set()
+    stack: list[ast.AST] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.Attribute) and current.attr in _METADATA:
+            continue
+        if isinstance(current, ast.Call) and isinstance(current.func, ast.Attribute) and current.func.attr in _METADATA:
+            stack.extend(current.args)
+            stack.extend(k.value for k in current.keywords)
+            continue
+        if isinstance(current, ast.Name) and isinstance(current.ctx, ast.Load):
+            names.add(current.id)
+        stack.extend(ast.iter_child_nodes(current))
+    return names
+
+
+def _fresh(node: ast.expr, module: nn.Module) -> bool:
+    """Does ``node`` allocate new storage (a linear's output, views of it, literals)?"""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.IfExp):
+        return _fresh(node.body, module) and _fresh(node.orelse, module)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_fresh(e, module) for e in node.elts)
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        func = node.func
+        if isinstance(func.value, ast.Name) and func.value.id == "self":
+            attribute = getattr(module, func.attr, None)
+            if attribute is None or isinstance(attribute, nn.Linear):
+                return True
+            return bool(node.args) and all(_fresh(a, module) for a in node.args)
+        node = func.value
+    return False
+
+
+def _aliases(funcdef: ast.FunctionDef, seed: set[str], module: nn.Module) -> set[str]:
+    """``seed`` plus every name that may be a view of one of them, transitively."""
+    names = set(seed)
+    assigns = [
+        n for n in ast.walk(funcdef)
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and not _fresh(n.value, module)
+    ]
+    changed = True
+    while changed:
+        changed = False
+        for node in assigns:
+            if not _aliasing_reads(node.value) & names:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            stores = {c.id for t in targets for c in ast.walk(t) if isinstance(c, ast.Name) and isinstance(c.ctx, ast.Store)}
+            if stores - names:
+                names |= stores
+                changed = True
+    return names
+
+
+def check_input_stable(
+    funcdef: ast.FunctionDef, module: nn.Module, calls: list[ast.Call], block: list[ast.stmt], indices: list[int]
+) -> None:
+    """Hoisting the merged GEMM to the first call must not change what it reads: no name
+    the input reads (or any possible view of it) is written between the projections."""
     read = {n.id for n in ast.walk(calls[0].args[0]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    region = block[min(indices): max(indices) + 1]
-    # The statement holding the first call may bind its own result; only later writes count.
-    later = region[1:] if len(region) > 1 else []
-    if read & _written(later):
-        raise RewriteRefused("the projection input is rebound or mutated between the projections")
+    tracked = _aliases(funcdef, read, module)
+    if tracked & _written(block[min(indices): max(indices) + 1]):
+        raise RewriteRefused("the projection input (or a view of it) is rebound or mutated between the projections")
 
 
 def splice_names_free(funcdef: ast.FunctionDef, count: int) -> None:

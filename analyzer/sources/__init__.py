@@ -13,12 +13,10 @@ or executed. Every failure the user can cause is a ``SourceError`` whose text is
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from ._base import ModelSource, SourceError
 from .bundled import bundled_repo_ids
 from .hub import HubSession, hub_fetcher, resolve_hub
-from .local import looks_like_path, not_a_folder_message, resolve_local
+from .local import expand, looks_like_path, not_a_folder_message, resolve_local
 
 __all__ = ["ModelSource", "SourceError", "bundled_repo_ids", "resolve"]
 
@@ -29,7 +27,7 @@ def resolve(ref: str) -> ModelSource:
         raise SourceError("empty model reference: pass a Hub id like Qwen/Qwen3-4B or a folder path")
     if ref != ref.strip():
         ref = ref.strip()
-    path = Path(ref).expanduser()
+    path = expand(ref)
     try:
         is_dir = path.is_dir()
     except OSError as exc:

@@ -17,19 +17,27 @@ _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\", "\\")
 _WINDOWS_ABSOLUTE = re.compile(r"^[A-Za-z]:[\\/]")
 
 
+def expand(ref: str) -> Path:
+    """``ref`` as a path with ``~`` expanded; an unknown ``~user`` is left as typed."""
+    try:
+        return Path(ref).expanduser()
+    except RuntimeError:
+        return Path(ref)
+
+
 def looks_like_path(ref: str) -> bool:
     """True when ``ref`` was meant as a path rather than a Hub id (so a typo is not sent to the Hub)."""
     if ref in (".", "..") or ref.startswith(_PATH_PREFIXES) or _WINDOWS_ABSOLUTE.match(ref):
         return True
     try:
-        return Path(ref).expanduser().exists()
+        return expand(ref).exists()
     except OSError:
         return False
 
 
 def not_a_folder_message(ref: str) -> str:
     """The one-line SourceError text for a path-like ``ref`` that is not a directory."""
-    path = Path(ref).expanduser()
+    path = expand(ref)
     try:
         if path.is_file():
             what = "config.json" if path.name == "config.json" else "a file"
