@@ -491,7 +491,12 @@ def _recurrent_gemma(cfg: Mapping[str, Any], n: int) -> list[str]:
     for i in range(n):
         block = str(blocks[i % len(blocks)]).strip().lower()
         # transformers: the attention blocks always use local (sliding window) attention.
-        kinds.append("linear_attention" if block == "recurrent" else "sliding_attention" if block == "attention" else normalise_kind(block))
+        if block == "recurrent":
+            kinds.append("linear_attention")
+        elif block == "attention":
+            kinds.append("sliding_attention")
+        else:
+            kinds.append(normalise_kind(block))
     return kinds
 
 
@@ -592,7 +597,9 @@ def _smollm3(cfg: Mapping[str, Any], n: int) -> list[str]:
     window = _get(cfg, "sliding_window", None)
     use = _get(cfg, "use_sliding_window", False)
     has_rope = _no_rope_layers(cfg, n)  # 1 = this layer applies RoPE
-    return _each(n, lambda i: "sliding_attention" if use and window is not None and not has_rope[i] else "full_attention")
+    return _each(
+        n, lambda i: "sliding_attention" if use and window is not None and not has_rope[i] else "full_attention"
+    )
 
 
 def _ministral(cfg: Mapping[str, Any], n: int) -> list[str]:

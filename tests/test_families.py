@@ -1,0 +1,153 @@
+"""Every family the issue names, scanned from real transformers code (default configs,
+structural tiny instance on the meta device). Expected values are what vLLM 0.33's own
+``get_fusers`` and load-time gates decide (cross-checked with vLLM installed)."""
+
+from __future__ import annotations
+
+import pytest
+from jsonschema import validate
+
+from hfcheck.analyzer.report import schema
+
+
+def fusions(report, cls):
+    return next(m["fusions"] for m in report["modules"] if m["class"] == cls)
+
+
+def check(report, code):
+    return [c for c in report["checks"] if c["code"] == code]
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    ["qwen3", "qwen3_moe", "llama", "mistral", "mixtral", "gemma3_text", "phi3", "gpt2", "gpt_neox", "deepseek_v3",
+     "gpt_oss", "olmo2", "falcon_h1", "jamba", "mamba", "mamba2", "qwen3_next", "bamba", "minimax", "lfm2", "t5", "bart"],
+)
+def test_report_matches_schema(scan_type, model_type):
+    validate(scan_type(model_type), schema())
+
+
+def test_qwen3_native_speed(scan_type):
+    r = scan_type("qwen3")
+    assert r["verdict"] == "native-speed" and r["score"] == 100
+    assert fusions(r, "Qwen3Attention") == ["qkv"]
+    assert fusions(r, "Qwen3MLP") == ["glu"]
+    assert fusions(r, "Qwen3RMSNorm") == ["rms_norm"]
+    assert next(m for m in r["modules"] if m["class"] == "Qwen3Attention")["attention_interface"]
+    assert r["parallel"]["tp"]["plan"]["source"] == "declared"
+    assert r["parallel"]["pp"]["supported"] and not r["parallel"]["ep"]["supported"]
+    assert r["serve_command"].startswith("vllm serve ")
+
+
+def test_qwen3_moe_experts_replaced_internal_routing(scan_type):
+    r = scan_type("qwen3_moe")
+    (moe,) = r["moe"]
+    assert moe["class"] == "Qwen3MoeSparseMoeBlock"
+    assert moe["experts_replaceable"] and moe["internal_routing"]
+    assert r["parallel"]["ep"]["supported"]
+    assert r["verdict"] == "native-speed"
+
+
+@pytest.mark.parametrize("model_type,attn,mlp", [("llama", "LlamaAttention", "LlamaMLP"), ("mistral", "MistralAttention", "MistralMLP"), ("olmo2", "Olmo2Attention", "Olmo2MLP")])
+def test_dense_llama_like(scan_type, model_type, attn, mlp):
+    r = scan_type(model_type)
+    assert fusions(r, attn) == ["qkv"] and fusions(r, mlp) == ["glu"]
+    assert r["verdict"] == "native-speed"
+
+
+def test_olmo2_full_width_qk_norms_are_rms_norms(scan_type):
+    # q/k norms over the full width: vLLM's TP-aware RMSNorm all-gathers them
+    r = scan_type("olmo2")
+    assert fusions(r, "Olmo2RMSNorm") == ["rms_norm"]
+
+
+def test_mixtral_experts(scan_type):
+    r = scan_type("mixtral")
+    (moe,) = r["moe"]
+    assert moe["experts_replaceable"] and moe["internal_routing"]
+
+
+def test_gemma3_sliding_layers(scan_type):
+    r = scan_type("gemma3_text")
+    kinds = {layer["type"] for layer in r["layers"]}
+    assert kinds == {"sliding_attention", "full_attention"}
+    assert all(layer["attention_interface"] for layer in r["layers"])
+    assert fusions(r, "Gemma3Attention") == ["qkv"] and fusions(r, "Gemma3MLP") == ["glu"]
+    assert r["verdict"] == "native-speed"
+
+
+def test_phi3_packed_projections_do_not_fuse(scan_type):
+    r = scan_type("phi3")
+    assert fusions(r, "Phi3Attention") == []
+    assert r["verdict"] == "runs"
+    assert check(r, "HFC301")[0]["status"] == "fail"
+
+
+def test_gpt2_conv1d(scan_type):
+    r = scan_type("gpt2")
+    assert fusions(r, "GPT2Attention") == []
+    assert "Conv1D" in check(r, "HFC301")[0]["message"] or "not nn.Linear" in check(r, "HFC301")[0]["message"]
+    assert r["parallel"]["tp"]["sizes"] == {"1": True, "2": True, "4": True, "8": False}  # 12 heads
+    assert "12 attention heads do not divide by 8" in r["parallel"]["tp"]["refusals"]["8"]
+
+
+def test_gpt_neox_packed_without_split(scan_type):
+    r = scan_type("gpt_neox")
+    assert fusions(r, "GPTNeoXAttention") == []
+    assert r["verdict"] == "runs"
+
+
+def test_deepseek_v3_mla_and_shared_experts(scan_type):
+    r = scan_type("deepseek_v3")
+    assert fusions(r, "DeepseekV3Attention") == ["mla"]
+    (moe,) = r["moe"]
+    assert moe["experts_replaceable"] and moe["internal_routing"]
+    assert "shared" in moe["reason"]
+
+
+def test_gpt_oss_sinks_biased_experts_and_mxfp4(scan_type):
+    r = scan_type("gpt_oss")
+    (moe,) = r["moe"]
+    assert not moe["experts_replaceable"] and "2-D" in moe["reason"]
+    assert check(r, "HFC203")[0]["details"]["sinks"] is True
+    assert not r["parallel"]["ep"]["supported"]
+    q = scan_type("gpt_oss", quantization_config={"quant_method": "mxfp4"})
+    assert q["verdict"] == "blocked" and any("mxfp4" in b for b in q["blockers"])
+
+
+@pytest.mark.parametrize(
+    "model_type,kind",
+    [("mamba", "linear_attention"), ("mamba2", "linear_attention"), ("jamba", "linear_attention"), ("qwen3_next", "linear_attention"), ("bamba", "linear_attention"), ("minimax", "linear_attention")],
+)
+def test_linear_layers_block(scan_type, model_type, kind):
+    r = scan_type(model_type)
+    assert r["verdict"] == "blocked" and r["serve_command"] is None
+    blocking = [layer for layer in r["layers"] if not layer["attention_interface"]]
+    assert blocking and all(layer["type"] == kind for layer in blocking)
+    (finding,) = [c for c in check(r, "HFC201") if c["status"] == "fail"]
+    assert f"{blocking[0]['index']} ({kind})" in finding["message"]
+
+
+def test_qwen3_next_names_its_linear_layers(scan_type):
+    r = scan_type("qwen3_next")
+    blocking = [layer["index"] for layer in r["layers"] if not layer["attention_interface"]]
+    assert blocking[:6] == [0, 1, 2, 4, 5, 6]
+
+
+def test_falcon_h1_ssm_beside_attention_blocked(scan_type):
+    r = scan_type("falcon_h1")
+    assert r["verdict"] == "blocked"
+    assert check(r, "HFC202")[0]["status"] == "fail"
+
+
+def test_lfm2_conv_layers_blocked(scan_type):
+    r = scan_type("lfm2", layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv"], num_hidden_layers=6)
+    assert r["verdict"] == "blocked"
+    assert [layer["index"] for layer in r["layers"] if not layer["attention_interface"]] == [0, 1, 3, 5]
+
+
+@pytest.mark.parametrize("model_type", ["t5", "bart"])
+def test_encoder_decoder_refused(scan_type, model_type):
+    r = scan_type(model_type)
+    assert r["verdict"] == "blocked"
+    assert check(r, "HFC204")[0]["status"] == "fail"
