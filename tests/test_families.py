@@ -125,7 +125,7 @@ def test_linear_layers_block(scan_type, model_type, kind):
     blocking = [layer for layer in r["layers"] if not layer["attention_interface"]]
     assert blocking and all(layer["type"] == kind for layer in blocking)
     (finding,) = [c for c in check(r, "HFC201") if c["status"] == "fail"]
-    assert f"{blocking[0]['index']} ({kind})" in finding["message"]
+    assert f"{kind} layers {blocking[0]['index']}" in finding["message"]
 
 
 def test_qwen3_next_names_its_linear_layers(scan_type):

@@ -21,6 +21,7 @@ from hfcheck.analyzer.facts.layer_types import (
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
+import transformers  # noqa: E402
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -40,6 +41,8 @@ def _fixture(name: str) -> dict:
 
 def _build(model_type: str, **kwargs):
     """transformers' own config object for these arguments (its text config)."""
+    if model_type not in CONFIG_MAPPING_NAMES:
+        pytest.skip(f"{model_type} is not in this transformers release")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.disable(logging.WARNING)
@@ -52,6 +55,15 @@ def _build(model_type: str, **kwargs):
     except Exception:
         text = config
     return text
+
+
+# The dict-path conventions are read from transformers 5.24; older releases derive some
+# defaults differently (llama4_text chunking, recurrent_gemma), and there hfcheck reads the
+# config object itself, so the dict-vs-object comparisons only hold from 5.24 on.
+NEWEST_CONVENTIONS = pytest.mark.skipif(
+    tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24),
+    reason="layer-type conventions were read from transformers 5.24",
+)
 
 
 def _reference(model_type: str, **kwargs) -> list[str]:
@@ -495,6 +507,7 @@ CASES: list[tuple[str, dict]] = [
 ]
 
 
+@NEWEST_CONVENTIONS
 @pytest.mark.parametrize(("model_type", "kwargs"), CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
 def test_dict_matches_transformers(model_type, kwargs):
     expected = _reference(model_type, **kwargs)
@@ -526,6 +539,7 @@ def test_config_objects_without_layer_types(model_type, kwargs, expected):
     assert layer_types({"model_type": model_type, **kwargs}) == expected
 
 
+@NEWEST_CONVENTIONS
 def test_every_transformers_model_type_default():
     """Each model type's own default convention, wherever its config derives layer_types:
     the dict path with only `model_type` (and a layer count) against the built object."""

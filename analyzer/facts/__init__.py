@@ -102,6 +102,12 @@ def vllm_has_native(architectures: list[str]) -> tuple[bool | None, str]:
     return any(a in native for a in architectures), version
 
 
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
 def transformers_config(config: dict[str, Any]):
     """The real transformers config object for a known model_type, else None."""
     from transformers import AutoConfig
@@ -136,6 +142,10 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     if not model_type and not config.get("architectures"):
         raise FactsError("config.json names neither model_type nor architectures")
     cfg_obj = transformers_config(config)
+    if cfg_obj is None and not config.get("auto_map"):
+        raise FactsError(
+            f"model_type {model_type!r} is unknown to transformers {_transformers_version()} and config.json has no auto_map"
+        )
     text, text_type = _text_view(config, cfg_obj)
     get = lambda *names, default=None: first_of(text, names, default)  # noqa: E731
 

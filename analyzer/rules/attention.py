@@ -28,11 +28,9 @@ class AttentionCoverage(Rule):
         other = [(i, k) for i, k in enumerate(kinds) if k not in V.SOFTMAX_LAYER_KINDS and k not in _SSM_BESIDE_ATTENTION]
         findings: list[Finding] = []
         if other:
-            named = ", ".join(f"{i} ({k})" for i, k in other[:8]) + (f", ... {len(other) - 8} more" if len(other) > 8 else "")
-            summary = _count(k for _, k in other)
             findings.append(
                 self.failed(
-                    f"{len(other)} of {len(kinds)} layers do not use softmax attention ({summary}): layers {named}",
+                    f"{len(other)} of {len(kinds)} layers do not use softmax attention: {_by_kind(other)}",
                     blocking_layers=[{"index": i, "type": k} for i, k in other],
                 )
             )
@@ -67,6 +65,18 @@ def _missing_reason(obs) -> str:
     if rejected:
         return f" ({rejected[0]} dispatches but its config is not the patched text config)"
     return " (attention is written by hand or called directly, e.g. F.scaled_dot_product_attention)"
+
+
+def _by_kind(layers: list[tuple[int, str]], shown: int = 10) -> str:
+    """``linear_attention layers 0, 1, 2, ... (+28)``, one group per kind."""
+    groups: dict[str, list[int]] = {}
+    for i, k in layers:
+        groups.setdefault(k, []).append(i)
+    parts = []
+    for kind, idx in groups.items():
+        more = f", ... (+{len(idx) - shown})" if len(idx) > shown else ""
+        parts.append(f"{kind} layers {', '.join(map(str, idx[:shown]))}{more}")
+    return "; ".join(parts)
 
 
 def _count(kinds) -> str:

@@ -1,0 +1,117 @@
+"""The command as users run it: real subprocesses, a fresh offline HF cache, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jsonschema import validate
+
+from hfcheck.analyzer.report import schema
+
+
+def hfcheck(*args: str, tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m hfcheck`` offline against an empty HF cache (a fresh machine)."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hfcheck", *args], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def test_scan_bundled_qwen3_4b_offline_text(tmp_path):
+    run = hfcheck("scan", "Qwen/Qwen3-4B", tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "NATIVE-SPEED" in run.stdout
+    assert "bundled snapshot" in run.stdout
+    assert "vllm serve Qwen/Qwen3-4B --model-impl transformers" in run.stdout
+
+
+@pytest.mark.parametrize("ref", ["Qwen/Qwen3-4B", "Qwen/Qwen3-32B"])
+def test_scan_bundled_json_tp_sizes(tmp_path, ref):
+    run = hfcheck("scan", ref, "--format", "json", tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    validate(report, schema())
+    assert report["model"]["source"] == "bundled"
+    assert report["verdict"] == "native-speed"
+    assert report["parallel"]["tp"]["sizes"] == {"1": True, "2": True, "4": True, "8": True}
+    mods = {m["class"]: m["fusions"] for m in report["modules"]}
+    assert mods["Qwen3Attention"] == ["qkv"] and mods["Qwen3MLP"] == ["glu"] and mods["Qwen3RMSNorm"] == ["rms_norm"]
+
+
+def test_scan_bundled_qwen3_235b_fp8(tmp_path):
+    report = json.loads(hfcheck("scan", "Qwen/Qwen3-235B-A22B-FP8", "--format", "json", tmp_path=tmp_path).stdout)
+    assert report["moe"][0]["experts_replaceable"] and report["moe"][0]["internal_routing"]
+    assert 230e9 < report["model"]["parameters"] < 240e9
+    # FP8: about one byte per parameter; 64 heads / 4 KV heads
+    assert 200 < report["memory"]["weights_gib"] < 240
+    assert report["memory"]["suggested_tp"] == 4
+    assert "--tensor-parallel-size 4 --enable-expert-parallel" in report["serve_command"]
+
+
+def test_scan_gpt_oss_mxfp4_blocked_exit_1(tmp_path):
+    run = hfcheck("scan", "openai/gpt-oss-20b", "--format", "json", tmp_path=tmp_path)
+    assert run.returncode == 1
+    report = json.loads(run.stdout)
+    assert report["verdict"] == "blocked" and report["serve_command"] is None
+
+
+def test_fail_under(tmp_path):
+    assert hfcheck("scan", "Qwen/Qwen3-4B", "--fail-under", "100", tmp_path=tmp_path).returncode == 0
+    local = tmp_path / "phi"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps({"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}))
+    assert hfcheck("scan", str(local), "--fail-under", "10", tmp_path=tmp_path).returncode == 1  # phi3 fails HFC301
+
+
+def _assert_tool_error(run: subprocess.CompletedProcess, needle: str) -> None:
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hfcheck: error:"), run.stderr
+    assert needle in lines[0]
+    assert "Traceback" not in run.stderr + run.stdout
+
+
+def test_garbage_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{not json")
+    _assert_tool_error(hfcheck("scan", str(tmp_path / "m"), tmp_path=tmp_path), "config.json")
+
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _assert_tool_error(hfcheck("scan", str(tmp_path / "empty"), tmp_path=tmp_path), "no config.json")
+
+
+def test_unknown_model_type_without_auto_map(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "no_such_lm", "architectures": ["NoSuchLMForCausalLM"], "num_hidden_layers": 2}))
+    _assert_tool_error(hfcheck("scan", str(tmp_path / "m"), tmp_path=tmp_path), "no_such_lm")
+
+
+def test_inconsistent_config(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": "many"}))
+    _assert_tool_error(hfcheck("scan", str(tmp_path / "m"), tmp_path=tmp_path), "")
+
+
+def test_unreachable_reference(tmp_path):
+    _assert_tool_error(hfcheck("scan", "nobody/nothing-here", tmp_path=tmp_path), "nobody/nothing-here")
+
+
+def test_explain(tmp_path):
+    run = hfcheck("explain", "HFC201", tmp_path=tmp_path)
+    assert run.returncode == 0
+    for heading in ("What it checks", "Why it matters", "Example", "Fix"):
+        assert heading in run.stdout
+    _assert_tool_error(hfcheck("explain", "HFC999", tmp_path=tmp_path), "HFC999")
+
+
+def test_remote_code_without_trust_is_inconclusive(tmp_path):
+    run = hfcheck("scan", "THUDM/chatglm3-6b", "--format", "json", tmp_path=tmp_path)
+    report = json.loads(run.stdout)
+    assert report["verdict"] == "inconclusive"
+    assert report["model"]["remote_code"] is True
+    assert any("not executed" in c["message"] for c in report["checks"])
