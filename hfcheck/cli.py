@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--format", choices=("text", "json"), default="text")
     scan.add_argument("--fail-under", type=int, default=None, metavar="N", help="exit 1 when the score is below N")
     scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
+    scan.add_argument("--graph", metavar="FILE", help="write the module dependency graph (networkx) as GraphML")
     explain = sub.add_parser("explain", help="print the documentation of a check code")
     explain.add_argument("code", nargs="?", help="e.g. HFC201")
     explain.add_argument("--all", action="store_true", help="every check, in order")
@@ -75,9 +76,19 @@ def _scan(args: argparse.Namespace) -> int:
     from hfcheck.analyzer.report import build_report
 
     try:
-        report = build_report(analyse(source))
+        analysis = analyse(source)
+        report = build_report(analysis)
     except FactsError as exc:
         return _fail(f"{args.ref}: {exc}")
+    if args.graph:
+        if analysis.observations is None:
+            return _fail(f"no graph to write: {analysis.instance_error}")
+        import networkx as nx
+
+        try:
+            nx.write_graphml(analysis.observations.graph, args.graph)
+        except OSError as exc:
+            return _fail(f"cannot write {args.graph}: {exc.strerror}")
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:

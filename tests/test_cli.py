@@ -115,3 +115,17 @@ def test_remote_code_without_trust_is_inconclusive(tmp_path):
     assert report["verdict"] == "inconclusive"
     assert report["model"]["remote_code"] is True
     assert any("not executed" in c["message"] for c in report["checks"])
+
+
+def test_graph_export_graphml(tmp_path):
+    import networkx as nx
+
+    out = tmp_path / "g.graphml"
+    run = hfcheck("scan", "Qwen/Qwen3-4B", "--format", "json", "--graph", str(out), tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr
+    graph = nx.read_graphml(out)
+    # containment and the data flow of the attention forward: q_proj feeds q_norm, o_proj is last
+    assert graph.has_edge("layers.0.self_attn", "layers.0.self_attn.q_proj")
+    assert graph.has_edge("layers.0.self_attn.q_proj", "layers.0.self_attn.q_norm")
+    assert graph.has_edge("layers.0.mlp.gate_proj", "layers.0.mlp.act_fn")
+    assert graph.nodes["layers.0.self_attn"]["cls"] == "Qwen3Attention"

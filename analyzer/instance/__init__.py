@@ -140,3 +140,86 @@ def build_structural(facts: ModelFacts, cfg_obj: Any) -> TinyInstance:
     built = model.config.get_text_config() if hasattr(model, "config") else text
     kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
     return TinyInstance(model, model.config, n, kinds[:n], "structural")
+
+
+TINY_HEAD_DIM = 16
+TINY_VOCAB = 128
+
+
+def _set_if_int(obj: Any, name: str, value: int) -> None:
+    if isinstance(getattr(obj, name, None), int) and not isinstance(getattr(obj, name), bool):
+        setattr(obj, name, value)
+
+
+def _shrink_widths(text: Any, facts: ModelFacts) -> None:
+    """Small widths with the real head ratio (GQA/MQA), MoE shape and MLA structure."""
+    heads, kv = facts.num_heads or 2, facts.num_kv_heads or facts.num_heads or 2
+    tiny_kv = 1 if kv == 1 else 2
+    ratio = max(1, heads // kv) if kv else 1
+    tiny_heads = tiny_kv * min(ratio, 8)
+    hidden = tiny_heads * TINY_HEAD_DIM
+    for name in V.HEAD_FIELDS:
+        _set_if_int(text, name, tiny_heads)
+    for name in V.KV_HEAD_FIELDS:
+        _set_if_int(text, name, tiny_kv)
+    for name in V.HIDDEN_FIELDS:
+        _set_if_int(text, name, hidden)
+    for name in ("head_dim", "kv_channels", "attention_head_dim"):
+        _set_if_int(text, name, TINY_HEAD_DIM)
+    for name in ("intermediate_size", "ffn_hidden_size", "n_inner"):
+        _set_if_int(text, name, 2 * hidden)
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        _set_if_int(text, name, hidden)
+    if facts.uses_mla:
+        _set_if_int(text, "kv_lora_rank", 32)
+        _set_if_int(text, "q_lora_rank", 32)
+        _set_if_int(text, "qk_nope_head_dim", TINY_HEAD_DIM)
+        _set_if_int(text, "qk_rope_head_dim", 8)
+        _set_if_int(text, "v_head_dim", TINY_HEAD_DIM)
+        if isinstance(getattr(text, "head_dim", None), int):
+            text.head_dim = 8  # transformers' MLA configs use the rope part as head_dim
+        if hasattr(text, "qk_head_dim"):
+            text.qk_head_dim = TINY_HEAD_DIM + 8
+    for name in ("vocab_size", "padded_vocab_size"):
+        _set_if_int(text, name, TINY_VOCAB)
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and value >= TINY_VOCAB:
+            setattr(text, name, TINY_VOCAB - 1)
+    if isinstance(getattr(text, "sliding_window", None), int):
+        text.sliding_window = min(text.sliding_window, 8)
+
+
+def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int = 0) -> TinyInstance:
+    """A small *runnable* instance (random weights, float32) for numerical proofs.
+
+    Widths are shrunk with the real head ratio; where a strict config or an unusual
+    layer rejects the small sizes, widths stay real (``shrink == "structural"``)."""
+    from transformers import AutoModel
+
+    if cfg_obj is None:
+        raise InstanceError("no transformers config class for this model_type (remote code is not executed)")
+    register_attention()
+    attempts = ("tiny", "structural")
+    last: Exception | None = None
+    for shrink in attempts:
+        config = copy.deepcopy(cfg_obj)
+        text = config.get_text_config()
+        n = structural_prefix(facts, text)
+        _cut_layers(text, n)
+        _cut_experts(text, facts)
+        _cut_extras(text)
+        if shrink == "tiny":
+            _shrink_widths(text, facts)
+        text._attn_implementation = ATTN_IMPLEMENTATION
+        torch.manual_seed(seed)
+        try:
+            with torch.device(device):
+                model = AutoModel.from_config(config, dtype=torch.float32)
+        except Exception as exc:
+            last = exc
+            continue
+        built = model.config.get_text_config()
+        kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
+        return TinyInstance(model.eval(), model.config, n, kinds[:n], shrink)
+    raise InstanceError(f"{type(last).__name__}: {str(last).splitlines()[0][:240] if str(last) else ''}")

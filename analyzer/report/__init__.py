@@ -58,7 +58,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     for m in obs.modules if obs else []:
         if not (m.fusions or m.attention or m.refused or (m.rejected and m.linear_children)):
             continue
-        entry = modules.setdefault(m.cls, {"class": m.cls, "fusions": [], "attention_interface": False, "not_fused": []})
+        entry = modules.setdefault(m.cls, {"class": m.cls, "fusions": [], "attention_interface": False, "not_fused": [], "trace": _trace_state(m)})
         entry["fusions"] = sorted(set(entry["fusions"]) | set(m.fusions), key=V.FUSIONS.index)
         entry["attention_interface"] = entry["attention_interface"] or m.attention
         for name, reason in m.refused + m.rejected:
@@ -133,6 +133,13 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
         "missing_code": list(source.missing_code),
         "timings_s": {k: round(v, 3) for k, v in analysis.timings.items()},
     }
+
+
+def _trace_state(m) -> dict[str, Any]:
+    """How far fx got through this class's forward (a partial graph is still matched)."""
+    if m.trace_complete is None:
+        return {"traced": False, "complete": False, "error": None}
+    return {"traced": True, "complete": bool(m.trace_complete), "error": m.trace_error}
 
 
 def serve_command(analysis: Analysis, verdict: str, tp: int | None, ep: bool) -> str | None:

@@ -1,0 +1,76 @@
+"""The tiny instances keep the structure vLLM decides on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from hfcheck.analyzer.facts import collect_facts
+from hfcheck.analyzer.instance import build_structural, build_tiny, structural_prefix
+
+from conftest import causal_lm_architecture
+
+
+def facts_for(model_type: str, **overrides):
+    config = AutoConfig.for_model(model_type, **overrides).to_dict()
+    config["architectures"] = [causal_lm_architecture(model_type)]
+    return collect_facts(config)
+
+
+def test_structural_prefix_keeps_every_kind_in_order():
+    facts, cfg = facts_for("qwen3_next")  # every 4th layer full attention
+    inst = build_structural(facts, cfg)
+    assert inst.kept_layers == 4
+    assert inst.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert all(p.is_meta for p in inst.model.parameters())
+
+
+def test_structural_prefix_keeps_dense_first_and_moe_layers():
+    facts, cfg = facts_for("deepseek_v3", first_k_dense_replace=3)
+    assert structural_prefix(facts, cfg.get_text_config()) == 4
+    inst = build_structural(facts, cfg)
+    mlps = [type(layer.mlp).__name__ for layer in inst.model.layers]
+    assert mlps == ["DeepseekV3MLP"] * 3 + ["DeepseekV3MoE"]
+    assert len(inst.model.layers[3].mlp.experts.gate_up_proj) == 4  # experts cut to 4, real widths
+
+
+def test_structural_keeps_real_widths_on_meta():
+    facts, cfg = facts_for("qwen3", hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128, num_hidden_layers=36)
+    inst = build_structural(facts, cfg)
+    attn = inst.model.layers[0].self_attn
+    assert attn.q_proj.out_features == 32 * 128 and attn.k_proj.out_features == 8 * 128
+    assert inst.kept_layers == 1
+
+
+def test_tiny_keeps_gqa_ratio_and_runs_on_cpu():
+    facts, cfg = facts_for("qwen3", num_attention_heads=32, num_key_value_heads=8)
+    inst = build_tiny(facts, cfg)
+    assert inst.shrink == "tiny"
+    text = inst.config.get_text_config()
+    assert text.num_attention_heads // text.num_key_value_heads == 4
+    assert text.num_key_value_heads == 2
+    out = inst.model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+    assert out.last_hidden_state.shape == (1, 4, text.hidden_size)
+    assert torch.isfinite(out.last_hidden_state).all()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3", "gemma3_text", "gpt_oss", "mixtral", "olmo2", "phi3", "gpt2"])
+def test_tiny_runs_forward(model_type):
+    facts, cfg = facts_for(model_type)
+    inst = build_tiny(facts, cfg)
+    assert inst.shrink == "tiny"
+    assert sum(p.numel() for p in inst.model.parameters()) < 5_000_000
+    out = inst.model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]))
+    assert torch.isfinite(out.last_hidden_state).all()
+    if facts.is_moe:
+        text = inst.config.get_text_config()
+        experts = next(getattr(text, f) for f in ("num_experts", "n_routed_experts", "num_local_experts") if isinstance(getattr(text, f, None), int))
+        assert experts >= 2
+
+
+def test_tiny_mla_ranks_kept():
+    facts, cfg = facts_for("deepseek_v3")
+    inst = build_tiny(facts, cfg)
+    text = inst.config.get_text_config()
+    assert text.kv_lora_rank == 32 and text.q_lora_rank == 32
