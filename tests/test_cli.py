@@ -129,3 +129,13 @@ def test_graph_export_graphml(tmp_path):
     assert graph.has_edge("layers.0.self_attn.q_proj", "layers.0.self_attn.q_norm")
     assert graph.has_edge("layers.0.mlp.gate_proj", "layers.0.mlp.act_fn")
     assert graph.nodes["layers.0.self_attn"]["cls"] == "Qwen3Attention"
+
+
+def test_deepseek_v3_needs_pipeline_stages(tmp_path):
+    report = json.loads(hfcheck("scan", "deepseek-ai/DeepSeek-V3", "--format", "json", tmp_path=tmp_path).stdout)
+    assert {m["class"]: m["fusions"] for m in report["modules"]}["DeepseekV3Attention"] == ["mla"]
+    assert 660e9 < report["model"]["parameters"] < 680e9
+    # FP8 weights (~625 GiB) exceed 8 x 80 GiB at 90% use: TP 8 with 2 pipeline stages
+    assert report["memory"]["suggested_tp"] == 8 and report["memory"]["suggested_pp"] == 2
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2 --enable-expert-parallel" in report["serve_command"]
+    assert "--trust-remote-code" in report["serve_command"]  # config.json carries auto_map

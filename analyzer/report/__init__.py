@@ -13,7 +13,7 @@ from typing import Any
 import hfcheck
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.analysis import Analysis
-from hfcheck.analyzer.report.memory import estimate, suggested_tp
+from hfcheck.analyzer.report.memory import estimate, suggested_parallelism
 from hfcheck.analyzer.report.verdict import score_of, verdict_of
 from hfcheck.analyzer.rules.base import Finding
 from hfcheck.analyzer.rules.parallel import inferred_plan, tp_refusals
@@ -42,7 +42,6 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     verdict, score = verdict_of(findings), score_of(findings)
     working = [s for s in V.TP_SIZES if not tp_refusals(analysis, s)]
     mem = estimate(analysis)
-    tp = suggested_tp(mem, working)
     blockers = [f for f in findings if f.status == "fail" and f.impact == "blocker"]
     layer_attention = obs.attention_by_layer if obs else {}
     layers = [
@@ -85,7 +84,8 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
         tp_plan = {"source": "declared", "entries": obs.tp_plan} if obs.tp_plan else ({"source": "inferred", "entries": inferred_plan(obs)} if inferred_plan(obs) else None)
     pp_supported = bool(obs and (obs.pp_plan or len(obs.decoder_module_lists) == 1))
     ep_supported = bool(obs and facts.is_moe and obs.moe_blocks and all(b.experts_replaceable for _, b in obs.moe_blocks))
-    command = serve_command(analysis, verdict, tp, ep_supported)
+    tp, pp = suggested_parallelism(mem, working, pp_supported)
+    command = serve_command(analysis, verdict, tp, pp, ep_supported)
     return {
         "schema_version": SCHEMA_VERSION,
         "hfcheck_version": hfcheck.__version__,
@@ -125,6 +125,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
                 "context": mem.context,
                 "assumed_gpu_gib": mem.gpu_gib,
                 "suggested_tp": tp,
+                "suggested_pp": pp,
             }
             if mem
             else None
@@ -142,7 +143,7 @@ def _trace_state(m) -> dict[str, Any]:
     return {"traced": True, "complete": bool(m.trace_complete), "error": m.trace_error}
 
 
-def serve_command(analysis: Analysis, verdict: str, tp: int | None, ep: bool) -> str | None:
+def serve_command(analysis: Analysis, verdict: str, tp: int | None, pp: int, ep: bool) -> str | None:
     if verdict == "blocked":
         return None
     ref = analysis.source.repo_id or analysis.source.location or analysis.source.ref
@@ -151,6 +152,8 @@ def serve_command(analysis: Analysis, verdict: str, tp: int | None, ep: bool) ->
         parts.append("--trust-remote-code")
     if tp and tp > 1:
         parts += ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        parts += ["--pipeline-parallel-size", str(pp)]
     if ep and tp and tp > 1:
         parts.append("--enable-expert-parallel")
     return " ".join(parts)

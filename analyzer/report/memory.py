@@ -7,6 +7,7 @@ expert count. The meta device makes this free of any weights.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch import nn
@@ -74,14 +75,17 @@ def _in_layers(name: str, layers) -> bool:
     return layers is not None and name.startswith(layers[0] + ".")
 
 
-def suggested_tp(mem: MemoryEstimate | None, working: list[int]) -> int | None:
-    """Smallest working TP size whose per-GPU share of weights + one sequence's KV fits."""
+def suggested_parallelism(mem: MemoryEstimate | None, working: list[int], pp_supported: bool) -> tuple[int | None, int]:
+    """(TP, PP): the smallest working TP size whose per-GPU share of weights + one
+    sequence's KV cache fits; past the largest, pipeline stages of that TP size."""
     if not working:
-        return None
+        return None, 1
     if mem is None:
-        return working[0]
-    budget = mem.gpu_gib * UTILISATION
+        return working[0], 1
+    need = mem.weight_gib + mem.kv_gib_per_sequence
+    budget = mem.gpu_gib * UTILISATION * 0.95
     for size in working:
-        if (mem.weight_gib + mem.kv_gib_per_sequence) / size <= budget * 0.95:
-            return size
-    return working[-1]
+        if need / size <= budget:
+            return size, 1
+    tp = working[-1]
+    return tp, (math.ceil(need / (tp * budget)) if pp_supported else 1)

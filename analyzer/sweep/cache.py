@@ -1,0 +1,134 @@
+"""Sweep results on disk, keyed by (config hash, code hash, transformers version, hfcheck version).
+
+- config hash: the parsed config.json and generation config, plus the provenance the report
+  prints (ref, source kind, repo id, revision, folder, note);
+- code hash: the model's remote-code text (and what could not be fetched) plus the source of
+  hfcheck's analyzer itself, so editing a rule invalidates old results even at the same version;
+- the transformers version and the hfcheck version.
+
+One JSON file per key under ``<cache dir>/sweep/``. The cache dir is ``$HFCHECK_CACHE_DIR`` when
+set, else the platform's user cache dir for "hfcheck" (``~/.cache/hfcheck`` on Linux). Writes are
+atomic (temp file + rename), so an interrupted sweep never leaves a torn entry. Timeouts and
+crashes are not cached (they may be the machine's fault); analysis errors are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+CACHE_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """``$HFCHECK_CACHE_DIR``, else the user cache dir for hfcheck."""
+    env = os.environ.get("HFCHECK_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("hfcheck", appauthor=False))
+    except ImportError:  # pragma: no cover - platformdirs is everywhere, but not a declared dependency yet
+        if sys.platform == "win32":
+            return Path(os.environ.get("LOCALAPPDATA", Path.home())) / "hfcheck" / "Cache"
+        if sys.platform == "darwin":
+            return Path.home() / "Library" / "Caches" / "hfcheck"
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hfcheck"
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def analyzer_code_hash() -> str:
+    """sha256 over hfcheck's analyzer source and data (the sweep package itself excluded)."""
+    import hfcheck.analyzer
+
+    root = Path(hfcheck.analyzer.__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if not path.is_file() or rel.parts[0] == "sweep" or "__pycache__" in rel.parts:
+            continue
+        if path.suffix not in (".py", ".json", ".md"):
+            continue
+        h.update(str(rel.as_posix()).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str | None]:
+    import transformers
+
+    import hfcheck
+
+    try:
+        from importlib.metadata import version
+
+        vllm = version("vllm")  # decides vllm_native when installed
+    except Exception:  # noqa: BLE001 - absent is the common case
+        vllm = None
+    return {"transformers": transformers.__version__, "hfcheck": hfcheck.__version__, "vllm": vllm}
+
+
+def key_parts(source) -> dict[str, Any]:
+    """The four parts of a result's key (plus the installed vLLM, which the native check reads)."""
+    config = {
+        "config": source.config,
+        "generation_config": source.generation_config,
+        "provenance": [source.ref, source.kind, source.repo_id, source.revision, source.location, source.note],
+    }
+    code = {"remote": sorted(source.code_files.items()), "missing": list(source.missing_code), "analyzer": analyzer_code_hash()}
+    v = versions()
+    return {"config": _digest(config), "code": _digest(code), "transformers": v["transformers"], "hfcheck": v["hfcheck"], "vllm": v["vllm"]}
+
+
+def result_key(source) -> str:
+    return _digest([CACHE_FORMAT, key_parts(source)])
+
+
+class ResultCache:
+    """get/put of sweep results; ``enabled=False`` (``--no-cache``) reads and writes nothing."""
+
+    def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
+        self.root = (root or cache_dir()) / "sweep"
+        self.enabled = enabled
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        try:
+            entry = json.loads(self.path(key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT or not isinstance(entry.get("result"), dict):
+            return None
+        return entry["result"]
+
+    def put(self, key: str, result: dict[str, Any], parts: dict[str, Any] | None = None) -> None:
+        if not self.enabled:
+            return
+        path = self.path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"format": CACHE_FORMAT, "key_parts": parts, "result": result}, f)
+            os.replace(tmp, path)
+        except OSError:  # a read-only or full cache dir costs speed, never results
+            try:
+                os.unlink(tmp)  # type: ignore[possibly-undefined]
+            except (OSError, UnboundLocalError):
+                pass

@@ -1,0 +1,116 @@
+"""hfcheck's prediction of the same quantities vllm_side.py records, on the same cut models.
+
+Run: /work/main/.venv/bin/python scripts/crosscheck/hfcheck_side.py [--other-types FILE] [--only a,b]
+Writes /tmp/crosscheck_hfcheck.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoConfig, AutoModel  # noqa: E402
+
+from hfcheck.analyzer.analysis import fusion_context  # noqa: E402
+from hfcheck.analyzer.facts import collect_facts  # noqa: E402
+from hfcheck.analyzer.fusions.attention import layer_index  # noqa: E402
+from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions  # noqa: E402
+from hfcheck.analyzer.fusions.moe import analyse_block  # noqa: E402
+from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, register_attention  # noqa: E402
+
+from common import common_model_types, cut_text_config, err, moe_replaceable, time_limit  # noqa: E402
+
+logging.disable(logging.WARNING)
+transformers.logging.set_verbosity_error()
+
+
+def one(mt: str) -> dict:
+    out: dict = {"error": None}
+    cfg = AutoConfig.for_model(mt)
+    text = cfg.get_text_config()
+    old, new = cut_text_config(cfg)
+    out["layers"] = [old, new]
+    text._attn_implementation = ATTN_IMPLEMENTATION
+    with torch.device("meta"):
+        model = AutoModel.from_config(cfg)
+    out["model_class"] = type(model).__name__
+    # hfcheck's own model-wide facts, exactly as `analyse` derives its FusionContext
+    facts, _ = collect_facts({"model_type": mt})
+    ctx = fusion_context(facts)
+    out["head_size"], out["use_mla"] = ctx.head_size, ctx.use_mla
+    modules: dict = {}
+    attention_by_layer: dict = {}
+    moe: dict = {}
+    for path, module in model.named_modules():
+        entry: dict = {"cls": type(module).__name__}
+        try:
+            cf = class_fusions(module)
+            entry["candidates"] = [p.name for p, _ in cf.candidates]
+            if cf.refused:
+                entry["refused"] = [list(r) for r in cf.refused]
+            inst = instance_fusions(module, ctx)
+            entry["chosen"] = [m.fusion for m in inst.chosen]
+            if "attention" in entry["chosen"] and (idx := layer_index(module)) is not None:
+                attention_by_layer.setdefault(str(idx), []).append(path)
+            rejected = [list(r) for r in inst.rejected if "higher-priority" not in r[1]]
+            if rejected:
+                entry["rejected"] = rejected
+        except Exception as exc:
+            entry["error"] = err(exc)
+        modules[path] = entry
+        experts = dict(module.named_children()).get("experts")
+        if experts is not None:
+            m: dict = {"block_cls": type(module).__name__, "experts_cls": type(experts).__name__}
+            m["replaceable_common"] = moe_replaceable(experts)
+            try:
+                b = analyse_block(module)
+                m["replaceable"] = b.experts_replaceable
+                m["internal"] = b.internal_routing
+                m["scoring"] = b.scoring if b.internal_routing else None
+                m["shared"] = b.shared_expert if b.internal_routing else None
+                m["reason"] = b.routing_reason
+            except Exception as exc:
+                m["error"] = err(exc)
+            moe[path] = m
+    out["modules"] = modules
+    out["attention_by_layer"] = attention_by_layer
+    out["moe"] = moe
+    return out
+
+
+def main() -> None:
+    register_attention()
+    types = common_model_types()
+    if "--only" in sys.argv:
+        types = sys.argv[sys.argv.index("--only") + 1].split(",")
+    result = {"_meta": {"side": "hfcheck", "transformers": transformers.__version__, "torch": torch.__version__}}
+    t0 = time.time()
+    for mt in types:
+        t = time.time()
+        try:
+            with time_limit(120):
+                result[mt] = one(mt)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            result[mt] = {"error": err(exc)}
+        result[mt]["seconds"] = round(time.time() - t, 2)
+        print(f"{mt:32s} {result[mt]['seconds']:6.2f}s {result[mt]['error'] or ''}", flush=True)
+    result["_meta"]["seconds"] = round(time.time() - t0, 1)
+    out = os.environ.get("CROSSCHECK_OUT", "/tmp/crosscheck_hfcheck.json")
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True)
+    print("wrote", out, "in", result["_meta"]["seconds"], "s")
+
+
+if __name__ == "__main__":
+    main()
