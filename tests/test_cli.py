@@ -139,3 +139,20 @@ def test_deepseek_v3_needs_pipeline_stages(tmp_path):
     assert report["memory"]["suggested_tp"] == 8 and report["memory"]["suggested_pp"] == 2
     assert "--tensor-parallel-size 8 --pipeline-parallel-size 2 --enable-expert-parallel" in report["serve_command"]
     assert "--trust-remote-code" in report["serve_command"]  # config.json carries auto_map
+
+
+def test_schema_command_prints_a_valid_json_schema(tmp_path):
+    from jsonschema import Draft202012Validator
+
+    run = hfcheck("schema", tmp_path=tmp_path)
+    assert run.returncode == 0
+    Draft202012Validator.check_schema(json.loads(run.stdout))
+
+
+def test_explain_all_documents_every_rule(tmp_path):
+    from hfcheck.analyzer.rules.registry import RULES
+
+    out = hfcheck("explain", "--all", tmp_path=tmp_path).stdout
+    for rule in RULES:
+        assert f"{rule.code} {rule.name}" in out
+        assert rule.fix.strip() and rule.why.strip() and rule.example.strip()
