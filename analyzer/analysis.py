@@ -75,7 +75,8 @@ def analyse(source: ModelSource) -> Analysis:
         t2 = time.perf_counter()
         limit = sys.getrecursionlimit()
         try:
-            observations = observe(instance.model, fusion_context(facts))
+            fp16_divides = facts.dtype == "float16" and facts.routed_scaling_factor != 1.0
+            observations = observe(instance.model, fusion_context(facts), fp16_divides)
         except RecursionError:  # pragma: no cover - a pathological module tree
             error = "the module tree is too deep to walk"
         finally:

@@ -151,3 +151,45 @@ def test_encoder_decoder_refused(scan_type, model_type):
     r = scan_type(model_type)
     assert r["verdict"] == "blocked"
     assert check(r, "HFC204")[0]["status"] == "fail"
+
+
+def test_gemma4_existence_guard_is_folded_before_the_alias_check(scan_type):
+    # `value_states = self.v_proj(x) if self.v_proj is not None else key_states`: vLLM folds the
+    # guard to True, so the else-branch alias does not block the qkv fusion
+    r = scan_type("gemma4_text")
+    assert fusions(r, "Gemma4TextAttention") == ["qkv"]
+
+
+def test_heterogeneous_config_reads_largest_per_layer_value():
+    from transformers import AutoConfig
+
+    from hfcheck.analyzer.facts import collect_facts
+
+    config = AutoConfig.for_model("gemma4_text").to_dict()
+    facts, _ = collect_facts({**config, "architectures": ["Gemma4ForCausalLM"]})
+    assert facts.head_dim and facts.head_dim >= 256
+
+
+def test_deepseek_v2_block_taken_over_with_transformers_routing(scan_type):
+    # the grouped-limited router is not one vLLM runs, but the shared expert moves into FusedMoE
+    r = scan_type("deepseek_v2")
+    (moe,) = r["moe"]
+    assert moe["experts_replaceable"] and not moe["internal_routing"] and moe["block_taken_over"]
+
+
+def test_cache_argument_is_concrete_none():
+    # transformers 5.24 renamed past_key_values -> cache; both are traced as None, as vLLM does
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from hfcheck.analyzer.graph.tracer import trace_module
+    from hfcheck.analyzer.instance import register_attention
+
+    register_attention()
+    config = AutoConfig.for_model("qwen3", num_hidden_layers=1)
+    config._attn_implementation = "hfcheck"
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    traced = trace_module(model.layers[0].self_attn)
+    assert traced.complete, traced.error
+    assert not [n for n in traced.graph.nodes if n.op == "placeholder" and n.target in ("cache", "past_key_values")]

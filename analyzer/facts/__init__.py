@@ -54,6 +54,7 @@ class ModelFacts:
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
     max_position_embeddings: int | None = None
+    routed_scaling_factor: float = 1.0
     vllm_native: bool | None = None
     vllm_table_version: str = V.VLLM_VERSION_MODELLED
     notes: list[str] = field(default_factory=list)
@@ -71,12 +72,32 @@ class ModelFacts:
 
 
 def first_of(source: Any, names: tuple[str, ...], default: Any = None) -> Any:
-    """The first field among ``names`` that is set (attribute or key), else ``default``."""
+    """The first field among ``names`` that is set (attribute or key), else ``default``.
+
+    Heterogeneous v5 configs (per-layer geometry, e.g. Gemma 4) raise on model-wide reads
+    of per-layer fields; there the largest per-layer value is the model-wide one, as in
+    vLLM's config conversion."""
     for name in names:
-        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if isinstance(source, dict):
+            value = source.get(name)
+        else:
+            try:
+                value = getattr(source, name, None)
+            except Exception:
+                value = _largest_per_layer(source, name)
         if value is not None:
             return value
     return default
+
+
+def _largest_per_layer(config: Any, name: str) -> Any:
+    try:
+        layers = getattr(config, "per_layer_config", None)
+        values = [getattr(layer, name, None) for layer in (layers or [])]
+    except Exception:
+        return None
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return max(numbers) if numbers else None
 
 
 @lru_cache(maxsize=1)
@@ -196,6 +217,7 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", get("tie_word_embeddings", default=False))),
         sliding_window=get("sliding_window") if isinstance(get("sliding_window"), int) else None,
         max_position_embeddings=get("max_position_embeddings", "seq_length", "n_positions"),
+        routed_scaling_factor=float(get("routed_scaling_factor", default=1.0) or 1.0),
         vllm_native=native,
         vllm_table_version=table_version,
     )

@@ -12,6 +12,7 @@ also read here, from source only.
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import textwrap
 from dataclasses import dataclass
@@ -34,14 +35,15 @@ def _parsed(fn) -> ast.FunctionDef:
 
 
 def forward_def(cls: type[nn.Module]) -> ast.FunctionDef:
-    """The parsed ``forward`` of ``cls``, refused where vLLM refuses to rewrite it."""
+    """A fresh parse of ``cls.forward`` (callers may fold guards in it), refused where
+    vLLM refuses to rewrite it."""
     fn = inspect.unwrap(cls.forward)
     if getattr(fn, "__code__", None) is None:
         raise RewriteRefused("forward has no Python source")
     if fn.__code__.co_freevars:
         raise RewriteRefused("forward is a closure")
     try:
-        funcdef = _parsed(fn)
+        funcdef = copy.deepcopy(_parsed(fn))
     except (OSError, TypeError, SyntaxError) as exc:
         raise RewriteRefused(f"forward source unavailable ({type(exc).__name__})") from None
     for node in ast.walk(funcdef):
@@ -76,8 +78,28 @@ def _is_guard(ref: ast.Attribute, parents: dict[int, ast.AST]) -> bool:
     return isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
 
 
+def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
+    for parent in ast.walk(tree):
+        for fieldname, value in ast.iter_fields(parent):
+            if value is old:
+                setattr(parent, fieldname, new)
+            elif isinstance(value, list) and any(v is old for v in value):
+                value[:] = [new if v is old else v for v in value]
+
+
+def _fold_guard(funcdef: ast.FunctionDef, ref: ast.Attribute, parents: dict[int, ast.AST]) -> None:
+    """Fold an existence guard to the constant it has once the fusion exists, as vLLM's
+    rewrite does (``self.x is not None`` -> True, ``self.x is None`` -> False, ``if self.x`` -> True)."""
+    parent = parents.get(id(ref))
+    if isinstance(parent, ast.Compare) and len(parent.ops) == 1 and isinstance(parent.ops[0], (ast.Is, ast.IsNot)):
+        _replace(funcdef, parent, ast.copy_location(ast.Constant(isinstance(parent.ops[0], ast.IsNot)), parent))
+    else:
+        _replace(funcdef, ref, ast.copy_location(ast.Constant(True), ref))
+
+
 def single_call(funcdef: ast.FunctionDef, name: str, *, guards_allowed: bool = True) -> ast.Call:
-    """The one ``self.<name>(arg)`` call; other references must be existence guards."""
+    """The one ``self.<name>(arg)`` call; other references must be existence guards,
+    which are folded to their constant value in ``funcdef``."""
     uses = [n for n in ast.walk(funcdef) if _self_attr(n, name)]
     calls = [
         n
@@ -96,6 +118,8 @@ def single_call(funcdef: ast.FunctionDef, name: str, *, guards_allowed: bool = T
             continue
         if not guards_allowed or not _is_guard(ref, parents):
             raise RewriteRefused(f"the forward reads self.{name} outside its call")
+        _fold_guard(funcdef, ref, parents)
+        parents = _parents(funcdef)
     return calls[0]
 
 
@@ -208,6 +232,8 @@ def _fresh(node: ast.expr, module: nn.Module) -> bool:
     if isinstance(node, ast.Constant):
         return True
     if isinstance(node, ast.IfExp):
+        if isinstance(node.test, ast.Constant):  # a folded existence guard: only one branch runs
+            return _fresh(node.body if node.test.value else node.orelse, module)
         return _fresh(node.body, module) and _fresh(node.orelse, module)
     if isinstance(node, (ast.Tuple, ast.List)):
         return all(_fresh(e, module) for e in node.elts)

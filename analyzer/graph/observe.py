@@ -88,7 +88,7 @@ def _dataflow_edges(graph: fx.Graph | None, prefix: str) -> list[tuple[str, str]
     return edges
 
 
-def observe(model: nn.Module, ctx: FusionContext) -> Observations:
+def observe(model: nn.Module, ctx: FusionContext, divides_shared_output: bool = False) -> Observations:
     graph = nx.DiGraph()
     modules: list[ModuleObservation] = []
     attention_by_layer: dict[int, list[str]] = defaultdict(list)
@@ -132,7 +132,7 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
             graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
         experts = dict(module.named_children()).get(EXPERTS_NAME)
         if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
-            moe_blocks.append((path, analyse_block(module)))
+            moe_blocks.append((path, analyse_block(module, divides_shared_output)))
         for name, child in module.named_children():
             child_path = f"{path}.{name}" if path else name
             graph.add_edge(path or "<model>", child_path, kind="contains")

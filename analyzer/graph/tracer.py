@@ -190,6 +190,29 @@ def _opaque_attention_interfaces():
     return mock.patch.object(AttentionInterface, "get_interface", get_interface)
 
 
+_CACHE_RENAMES = frozenset({"past_key_values", "cache_params"})
+
+
+def _without_cache_rename(fn: Callable) -> Callable:
+    """Peel only the ``@deprecate_kwarg(<old>, new_name="cache")`` wrappers transformers 5.21+
+    put on forwards when it renamed the cache argument.
+
+    fx cannot trace such a ``(*args, **kwargs)`` wrapper, and the transformers releases vLLM
+    0.33 runs on (<= 5.20) do not have it, so the function underneath is what vLLM traces.
+    Any *other* wrapper is kept: vLLM traces it as it is (and usually gets a cut graph).
+    """
+    while hasattr(fn, "__wrapped__"):
+        try:
+            names = inspect.getclosurevars(fn).nonlocals
+        except (TypeError, ValueError):
+            break
+        if names.get("new_name") == "cache" and names.get("old_name") in _CACHE_RENAMES:
+            fn = fn.__wrapped__
+        else:
+            break
+    return fn
+
+
 def forward_parameters(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(cls.forward).parameters)
@@ -209,17 +232,15 @@ class Trace:
 def trace_module(module: nn.Module) -> Trace:
     """Trace ``module.forward`` with every child a leaf; never raises."""
     parameters = forward_parameters(type(module))
-    concrete = {"past_key_values": None} if "past_key_values" in parameters else None
+    # vLLM makes ``past_key_values`` concrete None; 5.24 renamed it ``cache``, same treatment.
+    concrete = next(({name: None} for name in ("past_key_values", "cache") if name in parameters), None)
     tracer = LeafTracer()
     tracer.kwargs_name = next(
         (p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
     )
     forward = type(module).forward
     try:
-        # transformers >= 5.24 wraps forwards in @deprecate_kwarg (*args, **kwargs), which
-        # fx cannot trace ("co_varnames is too small"); the transformers releases vLLM
-        # 0.33 accepts have no wrapper, so trace the function underneath, as vLLM sees it.
-        unwrapped = inspect.unwrap(forward)
+        unwrapped = _without_cache_rename(forward)
         patch = mock.patch.object(type(module), "forward", unwrapped) if unwrapped is not forward else contextlib.nullcontext()
         with _opaque_attention_interfaces(), patch:
             graph = tracer.trace(module, concrete_args=concrete)

@@ -76,6 +76,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
                 "experts_class": block.experts_class,
                 "experts_replaceable": block.experts_replaceable,
                 "internal_routing": block.internal_routing,
+                "block_taken_over": block.block_taken_over,
                 "reason": block.routing_reason if block.experts_replaceable else block.replace_reason,
             }
         )

@@ -55,7 +55,7 @@ class InternalRouting(Rule):
             if block.internal_routing:
                 out.append(self.passed(f"{block.block_class}: internal routing ({block.routing_reason})"))
             else:
-                out.append(self.warned(f"{block.block_class}: external routing: {block.routing_reason}"))
+                out.append(self.warned(f"{block.block_class}: external routing: {block.routing_reason}", block_taken_over=block.block_taken_over))
         return out or [self.noted("experts are not replaced, so routing stays in transformers")]
 
 

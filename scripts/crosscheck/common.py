@@ -81,8 +81,13 @@ def time_limit(seconds: int):
 
 
 def err(exc: BaseException) -> str:
-    msg = str(exc).splitlines()[0][:300] if str(exc) else ""
-    return f"{type(exc).__name__}: {msg}"
+    """One line: type, first message line, and the innermost frame (file:line)."""
+    import traceback
+
+    msg = str(exc).splitlines()[0][:240] if str(exc) else ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" @{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {msg}{where}"
 
 
 def moe_replaceable(experts) -> bool:
@@ -91,3 +96,26 @@ def moe_replaceable(experts) -> bool:
 
     params = list(experts.parameters())
     return isinstance(experts, nn.ModuleList) or (len(params) > 0 and all(p.ndim == 3 for p in params))
+
+
+def build_cut_model(mt: str, attn_impl: str):
+    """(config, text_config, model, info): the meta-device AutoModel for ``mt`` cut to
+    MAX_LAYERS decoder layers; if the cut config does not build, the uncut one (recorded)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    info: dict = {}
+    for cut in (True, False):
+        cfg = AutoConfig.for_model(mt)
+        text = cfg.get_text_config()
+        info["layers"] = list(cut_text_config(cfg)) if cut else [getattr(text, "num_hidden_layers", None)] * 2
+        text._attn_implementation = attn_impl
+        try:
+            with torch.device("meta"):
+                model = AutoModel.from_config(cfg)
+            return cfg, text, model, info
+        except Exception as exc:
+            if not cut or info["layers"][0] == info["layers"][1]:
+                raise
+            info["cut_error"] = err(exc)  # retry with every layer
+    raise AssertionError("unreachable")

@@ -33,7 +33,7 @@ print(f"\nbuild: {len(both_ok)}/{len(types)} model types built on both sides")
 for t, ve, he in err_rows:
     print(f"  {t}: vLLM={ve!r}  hfcheck={he!r}")
 
-QUANTITIES = ("structure", "candidates", "chosen", "attention_by_layer", "moe_replaceable", "moe_internal", "moe_scoring", "moe_shared")
+QUANTITIES = ("structure", "candidates", "chosen", "attention_by_layer", "moe_replaceable", "moe_block_fused", "moe_internal", "moe_scoring", "moe_shared")
 agree = {q: 0 for q in QUANTITIES}
 applicable = {q: 0 for q in QUANTITIES}
 diffs: dict[str, dict[tuple, list[str]]] = {q: defaultdict(list) for q in QUANTITIES}
@@ -76,7 +76,7 @@ for t in both_ok:
     vmoe, hmoe = v["moe"], h["moe"]
     if not vmoe and not hmoe:
         continue
-    for q, field in (("moe_replaceable", "replaceable"), ("moe_internal", "internal"), ("moe_scoring", "scoring"), ("moe_shared", "shared")):
+    for q, field in (("moe_replaceable", "replaceable"), ("moe_block_fused", "fused"), ("moe_internal", "internal"), ("moe_scoring", "scoring"), ("moe_shared", "shared")):
         applicable[q] += 1
         ok = True
         for p in sorted(vmoe.keys() | hmoe.keys()):

@@ -18,16 +18,16 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModel  # noqa: E402
 
 from hfcheck.analyzer.analysis import fusion_context  # noqa: E402
 from hfcheck.analyzer.facts import collect_facts  # noqa: E402
+from hfcheck.analyzer.fusions.base import FusionContext  # noqa: E402
 from hfcheck.analyzer.fusions.attention import layer_index  # noqa: E402
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions  # noqa: E402
 from hfcheck.analyzer.fusions.moe import analyse_block  # noqa: E402
 from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, register_attention  # noqa: E402
 
-from common import common_model_types, cut_text_config, err, moe_replaceable, time_limit  # noqa: E402
+from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
@@ -35,17 +35,16 @@ transformers.logging.set_verbosity_error()
 
 def one(mt: str) -> dict:
     out: dict = {"error": None}
-    cfg = AutoConfig.for_model(mt)
-    text = cfg.get_text_config()
-    old, new = cut_text_config(cfg)
-    out["layers"] = [old, new]
-    text._attn_implementation = ATTN_IMPLEMENTATION
-    with torch.device("meta"):
-        model = AutoModel.from_config(cfg)
+    cfg, text, model, info = build_cut_model(mt, ATTN_IMPLEMENTATION)
+    out.update(info)
     out["model_class"] = type(model).__name__
     # hfcheck's own model-wide facts, exactly as `analyse` derives its FusionContext
-    facts, _ = collect_facts({"model_type": mt})
-    ctx = fusion_context(facts)
+    try:
+        facts, _ = collect_facts({"model_type": mt})
+        ctx = fusion_context(facts)
+    except Exception as exc:  # hfcheck cannot analyse this type; still compare class-level results
+        out["facts_error"] = err(exc)
+        ctx = FusionContext(head_size=1)
     out["head_size"], out["use_mla"] = ctx.head_size, ctx.use_mla
     modules: dict = {}
     attention_by_layer: dict = {}
@@ -75,8 +74,11 @@ def one(mt: str) -> dict:
                 b = analyse_block(module)
                 m["replaceable"] = b.experts_replaceable
                 m["internal"] = b.internal_routing
+                # hfcheck has no "block forward taken over, routing external" outcome:
+                # the only block takeover it predicts is internal routing.
+                m["fused"] = b.block_taken_over
                 m["scoring"] = b.scoring if b.internal_routing else None
-                m["shared"] = b.shared_expert if b.internal_routing else None
+                m["shared"] = b.shared_expert
                 m["reason"] = b.routing_reason
             except Exception as exc:
                 m["error"] = err(exc)

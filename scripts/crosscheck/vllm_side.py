@@ -20,7 +20,6 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from transformers import AutoConfig, AutoModel  # noqa: E402
 
 import vllm  # noqa: E402
 import vllm.model_executor.models.transformers  # noqa: E402,F401  (registers "vllm" attention)
@@ -32,7 +31,7 @@ from vllm.transformers_utils.model_arch_config_convertor import (  # noqa: E402
     ModelArchConfigConvertorBase,
 )
 
-from common import common_model_types, cut_text_config, err, moe_replaceable, time_limit  # noqa: E402
+from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
@@ -55,10 +54,12 @@ def name(fuser) -> str:
 def stub_vllm_config(cfg, text):
     """What Fusers.__getitem__/validate read: model_config.use_mla / get_head_size(), TP size."""
     convertor = MODEL_ARCH_CONFIG_CONVERTORS.get(getattr(cfg, "model_type", None), ModelArchConfigConvertorBase)
+    # ModelConfig.get_head_size() is model_arch_config.head_size, built by convert()
+    # (per layer, then merged, for heterogeneous configs such as Gemma 4)
     try:
+        head_size = convertor(cfg, text).convert().head_size
+    except Exception:
         head_size = convertor(cfg, text).get_head_size()
-    except Exception as exc:  # recorded, falls back to the base convertor
-        head_size = ModelArchConfigConvertorBase(cfg, text).get_head_size()
     # ModelConfig.use_mla for the transformers backend: kv_lora_rank is not None
     use_mla = getattr(text, "kv_lora_rank", None) is not None
     model_config = SimpleNamespace(use_mla=use_mla, get_head_size=lambda: head_size, dtype=torch.bfloat16)
@@ -71,13 +72,8 @@ def stub_vllm_config(cfg, text):
 
 def one(mt: str) -> dict:
     out: dict = {"error": None}
-    cfg = AutoConfig.for_model(mt)
-    text = cfg.get_text_config()
-    old, new = cut_text_config(cfg)
-    out["layers"] = [old, new]
-    text._attn_implementation = "vllm"
-    with torch.device("meta"):
-        model = AutoModel.from_config(cfg)
+    cfg, text, model, info = build_cut_model(mt, "vllm")
+    out.update(info)
     out["model_class"] = type(model).__name__
     vcfg, head_size, use_mla = stub_vllm_config(cfg, text)
     out["head_size"], out["use_mla"] = head_size, use_mla
@@ -103,7 +99,7 @@ def one(mt: str) -> dict:
             m["replaceable"] = moe_replaceable(experts)
             try:
                 fuser = MoEBlockFuser.match(module, "experts")
-                m["fuser"] = fuser is not None
+                m["fuser"] = m["fused"] = fuser is not None  # block forward taken over (internal or external routing)
                 m["scoring"] = fuser.scoring_func if fuser else None
                 m["internal"] = bool(fuser and fuser.scoring_func)
                 m["shared"] = fuser.shared_name if fuser else None
