@@ -33,10 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--fail-under", type=int, default=None, metavar="N", help="exit 1 when the score is below N")
     scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
     scan.add_argument("--graph", metavar="FILE", help="write the module dependency graph (networkx) as GraphML")
+    scan.add_argument("--verify", action="store_true", help="also prove the fusions and parallel plans numerically on CPU")
     explain = sub.add_parser("explain", help="print the documentation of a check code")
     explain.add_argument("code", nargs="?", help="e.g. HFC201")
     explain.add_argument("--all", action="store_true", help="every check, in order")
     sub.add_parser("schema", help="print the JSON Schema of `scan --format json`")
+    from hfcheck.analyzer.sweep.cli import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub)
+    from hfcheck.porter.verify.cli import add_parser as add_verify_parser
+
+    add_verify_parser(sub)
     return parser
 
 
@@ -47,6 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _scan(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "verify":
+            from hfcheck.porter.verify.cli import run as run_verify
+
+            return run_verify(args)
+        if args.command == "sweep":
+            from hfcheck.analyzer.sweep.cli import run as run_sweep
+
+            return run_sweep(args)
         if args.command == "schema":
             from hfcheck.analyzer.report import schema
 
@@ -80,6 +95,10 @@ def _scan(args: argparse.Namespace) -> int:
         report = build_report(analysis)
     except FactsError as exc:
         return _fail(f"{args.ref}: {exc}")
+    if args.verify:
+        from hfcheck.porter.verify.cli import attach_proofs
+
+        report = attach_proofs(report, analysis)
     if args.graph:
         if analysis.observations is None:
             return _fail(f"no graph to write: {analysis.instance_error}")
@@ -96,8 +115,13 @@ def _scan(args: argparse.Namespace) -> int:
 
         from hfcheck.analyzer.render.text import render_text
 
-        render_text(report, Console(), verbose=args.verbose)
-    failing = any(c["status"] == "fail" for c in report["checks"])
+        console = Console()
+        render_text(report, console, verbose=args.verbose)
+        if args.verify:
+            from hfcheck.porter.verify.cli import render_proofs
+
+            render_proofs(report, console)
+    failing = any(c["status"] == "fail" for c in report["checks"]) or any(p["status"] == "failed" for p in report.get("proofs", []))
     if args.fail_under is not None and report["score"] < args.fail_under:
         return EXIT_FINDINGS
     return EXIT_FINDINGS if failing else EXIT_CLEAN

@@ -141,13 +141,17 @@ def transformers_config(config: dict[str, Any]):
     try:
         return AutoConfig.for_model(model_type, **kwargs)
     except Exception as exc:
-        raise FactsError(f"config.json is not a valid {model_type} config: {str(exc).splitlines()[0][:200]}") from None
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        reason = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
+        raise FactsError(f"config.json is not a valid {model_type} config: {reason[:240]}") from None
 
 
 def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str]:
     """The text config (object when known, else dict) and its model_type."""
     if cfg_obj is not None:
-        text = cfg_obj.get_text_config()
+        from hfcheck.analyzer.instance import text_config_of
+
+        text = text_config_of(cfg_obj)
         return text, getattr(text, "model_type", None) or config.get("model_type", "")
     text = config.get("text_config")
     if isinstance(text, dict):

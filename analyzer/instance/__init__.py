@@ -63,7 +63,8 @@ def structural_prefix(facts: ModelFacts, text: Any) -> int:
 
 
 def _cut_layers(text: Any, n: int) -> None:
-    """Cut every per-layer field of ``text`` to the first ``n`` layers."""
+    """Cut every per-layer field of ``text`` to the first ``n`` layers (raises when the
+    config refuses, e.g. prophetnet's layer count; the caller then keeps the full depth)."""
     for name in V.LAYER_FIELDS:
         if isinstance(getattr(text, name, None), int):
             setattr(text, name, n)
@@ -115,31 +116,94 @@ class TinyInstance:
     kept_layers: int
     layer_types: list[str]
     shrink: str
+    vllm_build_problem: str | None = None
+    """Set when the model was built another way than vLLM builds it (``AutoModel`` with the
+    vLLM attention implementation): vLLM itself would fail to construct it."""
+
+
+def _error_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:240] if text else ''}".strip(": ")
+
+
+def text_config_of(config: Any) -> Any:
+    """The decoder's text config (composite configs with several text configs: the decoder)."""
+    try:
+        return config.get_text_config(decoder=True)
+    except TypeError:
+        return config.get_text_config()
+
+
+def _arch_class(config: Any) -> type | None:
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if isinstance(cls, type):
+            return cls
+    return None
 
 
 def build_structural(facts: ModelFacts, cfg_obj: Any) -> TinyInstance:
-    """The meta-device base model (``AutoModel``, as vLLM builds it) of the structural shrink."""
+    """The meta-device base model of the structural shrink, built as vLLM builds it
+    (``AutoModel.from_config`` with the vLLM attention implementation).
+
+    Where that fails, other ways are tried so the rest can still be analysed, and the
+    failure is kept in ``vllm_build_problem`` (vLLM would fail the same way): the full
+    depth (layer cut rejected), eager attention (the model looks the implementation up
+    in a table of its own), the ``architectures`` class (no ``AutoModel`` mapping), the
+    decoder's text config alone."""
     from transformers import AutoModel
 
     if cfg_obj is None:
         raise InstanceError("no transformers config class for this model_type (remote code is not executed)")
     register_attention()
-    config = copy.deepcopy(cfg_obj)
-    text = config.get_text_config()
-    n = structural_prefix(facts, text)
-    _cut_layers(text, n)
-    _cut_experts(text, facts)
-    _cut_extras(text)
-    text._attn_implementation = ATTN_IMPLEMENTATION
-    try:
+
+    def attempt(cut: bool, attn: str, how: str) -> TinyInstance:
+        config = copy.deepcopy(cfg_obj)
+        text = text_config_of(config)
+        n = structural_prefix(facts, text) if cut else facts.num_layers
+        if cut:
+            _cut_layers(text, n)
+        _cut_experts(text, facts)
+        _cut_extras(text)
+        text._attn_implementation = attn
         with torch.device("meta"):
-            model = AutoModel.from_config(config)
-    except Exception as exc:
-        raise InstanceError(f"{type(exc).__name__}: {str(exc).splitlines()[0][:240] if str(exc) else ''}") from None
-    # The model's own (possibly recomputed) text config decides the layer kinds it built.
-    built = model.config.get_text_config() if hasattr(model, "config") else text
-    kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
-    return TinyInstance(model, model.config, n, kinds[:n], "structural")
+            if how == "auto":
+                model = AutoModel.from_config(config)
+            elif how == "arch":
+                cls = _arch_class(config)
+                if cls is None:
+                    raise InstanceError("no architectures class")
+                sub = config if isinstance(config, cls.config_class) else text
+                model = cls._from_config(sub)
+                model = getattr(model, "model", model) if hasattr(model, "get_decoder") else model
+            else:
+                model = AutoModel.from_config(text)
+        built = text_config_of(model.config) if hasattr(model, "config") else text
+        kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
+        return TinyInstance(model, model.config, n, kinds[:n], "structural" if cut else "full-depth")
+
+    ways = [
+        (ATTN_IMPLEMENTATION, "auto", None),
+        ("eager", "auto", "the model does not accept vLLM's attention implementation"),
+        (ATTN_IMPLEMENTATION, "arch", "AutoModel cannot build this config"),
+        (ATTN_IMPLEMENTATION, "text", "AutoModel cannot build the full config, only its text config"),
+    ]
+    # each way first with the layer prefix, then at full depth (shared-KV or tied layers
+    # can make a cut config invalid)
+    plans = [(cut, attn, how, problem) for attn, how, problem in ways for cut in (True, False)]
+    first: BaseException | None = None
+    for cut, attn, how, problem in plans:
+        try:
+            instance = attempt(cut, attn, how)
+        except Exception as exc:  # every failure of a third-party constructor is a fact
+            first = first or exc
+            continue
+        if problem is not None:
+            instance.vllm_build_problem = f"{problem} ({_error_line(first)})"
+        return instance
+    raise InstanceError(_error_line(first)) from None
 
 
 TINY_HEAD_DIM = 16
@@ -204,7 +268,7 @@ def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int =
     last: Exception | None = None
     for shrink in attempts:
         config = copy.deepcopy(cfg_obj)
-        text = config.get_text_config()
+        text = text_config_of(config)
         n = structural_prefix(facts, text)
         _cut_layers(text, n)
         _cut_experts(text, facts)
@@ -219,7 +283,7 @@ def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int =
         except Exception as exc:
             last = exc
             continue
-        built = model.config.get_text_config()
+        built = text_config_of(model.config)
         kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
         return TinyInstance(model.eval(), model.config, n, kinds[:n], shrink)
     raise InstanceError(f"{type(last).__name__}: {str(last).splitlines()[0][:240] if str(last) else ''}")

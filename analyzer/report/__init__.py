@@ -133,6 +133,12 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
         ),
         "serve_command": command,
         "missing_code": list(source.missing_code),
+        "analysis": {
+            "instance": analysis.instance.shrink if analysis.instance else None,
+            "instance_error": analysis.instance_error,
+            "vllm_build_problem": analysis.instance.vllm_build_problem if analysis.instance else None,
+            "graph": obs is not None,
+        },
         "timings_s": {k: round(v, 3) for k, v in analysis.timings.items()},
     }
 

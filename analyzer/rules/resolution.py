@@ -96,14 +96,21 @@ class NativeImplementation(Rule):
 class InstanceBuilt(Rule):
     code = "HFC104"
     name = "tiny-instance-built"
-    impact = "info"
-    what = "hfcheck built a tiny meta-device instance of the model and walked it as vLLM would."
-    why = "Fusions, attention coverage and MoE handling are read off a real module tree; without one those checks are inconclusive."
+    impact = "blocker"
+    what = "The model builds the way vLLM builds it (AutoModel.from_config with vLLM's attention implementation), as a tiny meta-device instance hfcheck walks."
+    why = (
+        "vLLM constructs the base model with AutoModel and `_attn_implementation = \"vllm\"`; a model that "
+        "cannot be built that way fails at load. Fusions, attention coverage and MoE handling are read off "
+        "this module tree; without one those checks are inconclusive."
+    )
     example = "remote code without --trust-remote-code: the classes are not executed, so no instance"
     fix = "For remote code, pass --trust-remote-code (issue: sandboxed execution) or rely on the static findings."
 
     def check(self, analysis) -> list[Finding]:
         if analysis.instance is not None:
             inst = analysis.instance
-            return [self.passed(f"built {type(inst.model).__name__} with {inst.kept_layers} of {analysis.facts.num_layers} layers on the meta device")]
+            built = f"built {type(inst.model).__name__} with {inst.kept_layers} of {analysis.facts.num_layers} layers on the meta device"
+            if inst.vllm_build_problem:
+                return [self.failed(f"vLLM cannot construct it: {inst.vllm_build_problem}; {built} another way for the other checks")]
+            return [self.passed(built)]
         return [self.inconclusive(f"no tiny instance: {analysis.instance_error}")]

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # bump when the shape of a stored result changes
 
 
 def cache_dir() -> Path:

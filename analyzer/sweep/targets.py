@@ -20,6 +20,10 @@ class TargetError(Exception):
     """A target that cannot be turned into a model source; str() is one line."""
 
 
+class DefaultConfigError(TargetError):
+    """transformers' own default config of a model type does not validate."""
+
+
 @dataclass(frozen=True)
 class Target:
     key: str  # what the results are keyed by: the model type, or the reference as typed
@@ -71,8 +75,14 @@ def read_ref_file(path: str) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
 
 
-def default_config(model_type: str) -> dict:
-    """The config.json a ``save_pretrained`` of the type's default config would write."""
+def default_config(model_type: str) -> tuple[dict, list[str]]:
+    """(the config.json a ``save_pretrained`` of the type's default config would write, completions).
+
+    A few transformers defaults leave a field at None that their own modeling code divides by
+    (``head_dim``, ``num_key_value_heads``). Such a field is filled with the value every
+    transformers config derives when it is absent, and the completion is reported (it ends up
+    in the report's source note), never silent: see ``complete``.
+    """
     from transformers import AutoConfig
 
     mapping = causal_lm_mapping()
@@ -81,9 +91,30 @@ def default_config(model_type: str) -> dict:
     try:
         config = AutoConfig.for_model(model_type).to_dict()
     except Exception as exc:  # noqa: BLE001 - a transformers default that does not validate is a finding
-        raise TargetError(f"the default {model_type} config does not build: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise DefaultConfigError(f"the default {model_type} config does not build: {type(exc).__name__}: {_first_line(exc)}") from None
     config["architectures"] = [mapping[model_type]]
-    return config
+    return config, complete(config)
+
+
+def complete(config: dict, where: str = "") -> list[str]:
+    """Fill derivable fields a default left at None, in place; returns what was filled.
+
+    Only the two universal conventions: ``head_dim = hidden_size // num_attention_heads`` and
+    ``num_key_value_heads = num_attention_heads`` (no GQA stated: multi-head attention).
+    """
+    done: list[str] = []
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if isinstance(heads, int) and heads > 0:
+        if "head_dim" in config and config["head_dim"] is None and isinstance(hidden, int) and hidden % heads == 0:
+            config["head_dim"] = hidden // heads
+            done.append(f"{where}head_dim={config['head_dim']} (hidden_size / num_attention_heads)")
+        if "num_key_value_heads" in config and config["num_key_value_heads"] is None:
+            config["num_key_value_heads"] = heads
+            done.append(f"{where}num_key_value_heads={heads} (= num_attention_heads)")
+    for name, value in config.items():
+        if isinstance(value, dict) and name.endswith(("text_config", "decoder")):
+            done += complete(value, f"{where}{name}.")
+    return done
 
 
 def type_source(model_type: str):
@@ -92,7 +123,10 @@ def type_source(model_type: str):
 
     from hfcheck.analyzer.sources import ModelSource
 
-    config = default_config(model_type)
+    config, completed = default_config(model_type)
+    note = f"default {config['architectures'][0]} config of transformers {transformers.__version__}"
+    if completed:
+        note += "; completed: " + ", ".join(completed)
     return ModelSource(
         ref=model_type,
         kind="local",
@@ -103,7 +137,7 @@ def type_source(model_type: str):
         code_files={},
         missing_code=(),
         location=None,
-        note=f"default {config['architectures'][0]} config of transformers {transformers.__version__}",
+        note=note,
     )
 
 
@@ -119,8 +153,30 @@ def prepare(target: Target):
         raise TargetError(str(exc)) from None
 
 
+def plain_build_error(config: dict) -> str | None:
+    """Does plain transformers build this config? None when ``AutoModelForCausalLM.from_config``
+    (meta device, the config's own attention) succeeds, else the error, one line.
+
+    Asked only when hfcheck's tiny instance failed on a default config, to tell hfcheck's
+    failures apart from transformers defaults that no code could build.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
+    try:
+        cfg = AutoConfig.for_model(config["model_type"], **kwargs)
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(cfg)
+    except Exception as exc:  # noqa: BLE001 - the error is the answer
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+    return None
+
+
 def _first_line(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return ""
+    """The first non-empty line; and the next one when the first only introduces it (ends with ':')."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
+    return text[:300]

@@ -1,9 +1,9 @@
 """Run analyses in child processes, one at a time per child, each under a time limit.
 
 A child ("worker") is started with the ``spawn`` method (no inherited state, no fork of a
-process that has threads), imports the analysis stack once, says it is ready, then serves
-one task after another over its pipe. The parent gives a worker one task at a time and knows
-its deadline, so:
+process that has threads), imports the analysis stack once, warms it up on one analysis,
+says it is ready, then serves one task after another over its pipe. The parent gives a
+worker one task at a time and knows its deadline, so:
 
 - an exception becomes ``analysis failed: <Type>: <message> (at file:line)``, and the worker
   goes on;
@@ -40,7 +40,7 @@ HANG_ENV = "HFCHECK_TEST_HANG"
 CRASH_ENV = "HFCHECK_TEST_CRASH"
 START_FAILURES_ALLOWED = 3
 
-Task = tuple[str, Any]  # (result key, ModelSource)
+Task = tuple[str, Any, bool]  # (result key, ModelSource, probe plain transformers on failure)
 Result = dict[str, Any]  # {"report": {...}} | {"error": "...", "cacheable": bool}
 
 
@@ -57,7 +57,8 @@ def _hooked(key: str, env: str) -> bool:
 
 def _error_text(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
+    head = lines[0] + (" " + lines[1] if lines and lines[0].endswith(":") and len(lines) > 1 else "") if lines else ""
+    text = f"{type(exc).__name__}: {head[:300]}" if head else type(exc).__name__
     frames = traceback.extract_tb(exc.__traceback__)
     if frames:
         last = frames[-1]
@@ -87,6 +88,12 @@ def _child(conn, log_path: str) -> None:  # pragma: no cover - runs in the child
     from hfcheck.analyzer.analysis import analyse
     from hfcheck.analyzer.report import build_report
 
+    try:  # warm up (lazy imports, first trace) so a task's time limit measures the task alone
+        from hfcheck.analyzer.sweep.targets import type_source
+
+        build_report(analyse(type_source("llama")))
+    except Exception:  # noqa: BLE001 - a warm-up that fails only costs the first task some time
+        pass
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -95,7 +102,7 @@ def _child(conn, log_path: str) -> None:  # pragma: no cover - runs in the child
             return
         if task is None:
             return
-        key, source = task
+        key, source, probe = task
         log.seek(0)
         log.truncate()
         if _hooked(key, HANG_ENV):
@@ -104,10 +111,26 @@ def _child(conn, log_path: str) -> None:  # pragma: no cover - runs in the child
         if _hooked(key, CRASH_ENV):
             os.abort()
         try:
-            message = ("done", key, {"report": build_report(analyse(source))})
+            result = {"report": build_report(analyse(source))}
         except BaseException as exc:  # noqa: BLE001 - any failure of one model is its result
-            message = ("done", key, {"error": _error_text(exc), "cacheable": not isinstance(exc, MemoryError)})
-        conn.send(message)
+            result = {"error": _error_text(exc), "cacheable": not isinstance(exc, MemoryError)}
+        if probe:
+            _probe_transformers(result, source)
+        conn.send(("done", key, result))
+
+
+def _probe_transformers(result: Result, source) -> None:  # pragma: no cover - runs in the child
+    """When hfcheck could not build or walk a default config, record whether plain transformers can."""
+    from hfcheck.analyzer.sweep.run import instance_ok
+    from hfcheck.analyzer.sweep.targets import plain_build_error
+
+    if instance_ok(result):
+        return
+    try:
+        error = plain_build_error(source.config)
+    except Exception as exc:  # noqa: BLE001
+        error = _error_text(exc)
+    result["transformers_builds"] = {"ok": error is None, "error": error}
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -232,11 +255,12 @@ class WorkerPool:
                 waiting += 1
             for w in self.workers:
                 if w.state == "idle" and pending:
-                    key, source = pending.popleft()
+                    task = pending.popleft()
+                    key = task[0]
                     try:
-                        w.conn.send((key, source))
-                    except (OSError, ValueError) as exc:  # broken pipe: the worker just died
-                        pending.appendleft((key, source))
+                        w.conn.send(task)
+                    except (OSError, ValueError):  # broken pipe: the worker just died
+                        pending.appendleft(task)
                         w.state = "dead"
                         continue
                     except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable source
@@ -281,12 +305,14 @@ class WorkerPool:
                 self._start_failed(w, f"did not start within {self.start_timeout:g} s")
 
     def _service(self, w: _Worker, on_result) -> None:
+        eof = False
         while True:
             try:
                 if not w.conn.poll():
                     break
                 message = w.conn.recv()
             except (EOFError, OSError):
+                eof = True
                 break
             if message[0] == "ready":
                 w.state = "idle"
@@ -295,17 +321,16 @@ class WorkerPool:
                 w.state, key, w.key = "idle", w.key, None
                 w.done += 1
                 on_result(key, message[2])
-        if w.state != "idle" or not w.process.is_alive():
-            w.process.join(timeout=0.5 if w.process.is_alive() else 5)
-            if w.process.is_alive():
-                return  # pipe readable for another reason; still running
-            code = w.process.exitcode
-            state, key = w.state, w.key
-            self._discard(w, kill=False)
-            if state == "busy":
-                on_result(key, {"error": f"worker crashed ({_signal_name(code)}){_crash_detail(w.log)}", "cacheable": False})
-            elif state == "starting":
-                self._start_failed(w, f"died while starting ({_signal_name(code)})")
+        if not eof and w.process.is_alive():
+            return
+        w.process.join(timeout=5)
+        code = w.process.exitcode
+        state, key = w.state, w.key
+        self._discard(w)
+        if state == "busy":
+            on_result(key, {"error": f"worker crashed ({_signal_name(code)}){_crash_detail(w.log)}", "cacheable": False})
+        elif state == "starting":
+            self._start_failed(w, f"died while starting ({_signal_name(code)})")
 
     def _start_failed(self, w: _Worker, why: str) -> None:
         self._start_failures += 1

@@ -1,0 +1,176 @@
+"""Sweep results -> the atlas: a markdown page, summary counts first, every failure named.
+
+Layout: title and provenance; summary counts (native-speed / runs / blocked / inconclusive /
+analysis failed) and the coverage of the tiny instance + graph; every failure with its reason
+(analyses that failed, then types whose tiny instance or graph walk failed); one row per
+model type. Nothing time- or machine-dependent is written, so regenerating it with nothing
+changed gives the same file (it is committed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hfcheck.analyzer.sweep.run import FAILED, SweepResult, failure_reason, instance_error, instance_ok
+
+VERDICTS = ("native-speed", "runs", "blocked", "inconclusive")
+
+
+def default_path(transformers_version: str) -> Path:
+    return Path("reports") / f"atlas-transformers-{transformers_version}.md"
+
+
+def _cell(value: Any) -> str:
+    text = str(value).replace("\n", " ").replace("|", "\\|").strip()
+    return text or "—"
+
+
+def _fusions(report: dict) -> str:
+    from hfcheck.analyzer import vocabulary as V
+
+    names = {f for m in report.get("modules", []) for f in m.get("fusions", [])}
+    return ", ".join(sorted(names, key=lambda n: V.FUSIONS.index(n) if n in V.FUSIONS else len(V.FUSIONS))) or "none"
+
+
+def _moe(report: dict) -> str:
+    blocks = report.get("moe") or []
+    if not blocks:
+        return "—"
+    parts = []
+    for b in blocks:
+        state = "replaceable" if b.get("experts_replaceable") else "not replaceable"
+        parts.append(f"{b.get('class')}: {state}")
+    return "; ".join(parts)
+
+
+def _tp(report: dict) -> str:
+    sizes = (report.get("parallel") or {}).get("tp", {}).get("sizes") or {}
+    ok = [s for s, works in sizes.items() if works]
+    return ", ".join(ok) if ok else "none"
+
+
+def _pp(report: dict) -> str:
+    return "yes" if (report.get("parallel") or {}).get("pp", {}).get("supported") else "no"
+
+
+def _native(report: dict) -> str:
+    native = (report.get("model") or {}).get("vllm_native")
+    return "yes" if native else ("no" if native is False else "?")
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _plain(result: dict) -> str:
+    probe = result.get("transformers_builds")
+    if not probe:
+        return "—"
+    return "yes" if probe.get("ok") else f"no: {_cell(_short(probe.get('error') or '', 200))}"
+
+
+def summary_counts(result: SweepResult) -> dict[str, int]:
+    counts = {v: 0 for v in VERDICTS}
+    counts[FAILED] = 0
+    for _, res in result.ordered():
+        if "report" in res:
+            verdict = res["report"].get("verdict")
+            counts[verdict] = counts.get(verdict, 0) + 1
+        else:
+            counts[FAILED] += 1
+    return counts
+
+
+def coverage(result: SweepResult) -> tuple[int, int]:
+    done = result.ordered()
+    return sum(instance_ok(r) for _, r in done), len(done)
+
+
+def render_atlas(result: SweepResult, *, title_scope: str | None = None) -> str:
+    from hfcheck.analyzer.sweep.cache import versions
+    from hfcheck.analyzer.vocabulary import VLLM_VERSION_MODELLED
+
+    v = versions()
+    rows = result.ordered()
+    counts = summary_counts(result)
+    ok, total = coverage(result)
+    all_types = all(t.is_type for t in result.targets)
+    scope = title_scope or (
+        f"every causal-LM model type of transformers {v['transformers']} (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`), "
+        "each analysed from its config class defaults with `architectures` set to the mapping's class"
+        if all_types
+        else "the references given to `hfcheck sweep`"
+    )
+    out = [
+        f"# hfcheck atlas: transformers {v['transformers']}",
+        "",
+        f"What vLLM {VLLM_VERSION_MODELLED}'s transformers backend (`--model-impl transformers`) does with {scope}, "
+        f"as predicted by hfcheck {v['hfcheck']} on CPU without weights.",
+        "",
+        "Regenerate: `hfcheck sweep` (writes this file; `--no-cache` to re-analyse everything).",
+        "",
+    ]
+    if result.interrupted:
+        out += [f"**Partial: the sweep was interrupted after {len(rows)} of {len(result.targets)} targets.**", ""]
+    out += ["## Summary", "", "| result | count |", "|---|---:|"]
+    for name in (*VERDICTS, FAILED):
+        out.append(f"| {name} | {counts.get(name, 0)} |")
+    for name, n in counts.items():
+        if name not in VERDICTS and name != FAILED:
+            out.append(f"| {_cell(name)} | {n} |")
+    out.append(f"| **total** | **{len(rows)}** |")
+    pct = f"{100 * ok / total:.1f}%" if total else "n/a"
+    out += ["", f"Tiny instance built and graph walked: **{ok} of {total}** ({pct}).", ""]
+    upstream = [t for t, r in rows if not instance_ok(r) and (r.get("transformers_builds") or {}).get("ok") is False]
+    if upstream:
+        rest = total - len(upstream)
+        out += [
+            f"{len(upstream)} of the {total - ok} failures are transformers' own: the default config does not build a model "
+            f"with plain `AutoModelForCausalLM.from_config` either ({', '.join(t.key for t in upstream)}). "
+            f"Over the other {rest} targets: **{ok} of {rest}** ({100 * ok / rest:.1f}%).",
+            "",
+        ]
+
+    failed = result.failed
+    no_instance = [(t, r, instance_error(r)) for t, r in rows if "report" in r and not instance_ok(r)]
+    out += ["## Failures", ""]
+    if not failed and not no_instance:
+        out += ["None.", ""]
+    else:
+        out += ["| target | stage | reason | plain transformers builds it |", "|---|---|---|---|"]
+        by_key = dict((t.key, r) for t, r in rows)
+        for t, reason in failed:
+            out.append(f"| {_cell(t.key)} | analysis | {_cell(reason)} | {_plain(by_key[t.key])} |")
+        for t, r, reason in no_instance:
+            out.append(f"| {_cell(t.key)} | tiny instance / graph | {_cell(reason)} | {_plain(r)} |")
+        out.append("")
+
+    out += [
+        "## Every target",
+        "",
+        "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |",
+        "|---|---|---|---:|---|---|---|---|---|---|",
+    ]
+    for t, res in rows:
+        report = res.get("report")
+        if report is None:
+            out.append(f"| {_cell(t.key)} | — | {FAILED} | — | — | — | — | — | {_cell(failure_reason(res))} | — |")
+            continue
+        archs = ", ".join(report.get("model", {}).get("architectures") or []) or "—"
+        blockers = "; ".join(_short(b) for b in report.get("blockers") or []) or "—"
+        out.append(
+            f"| {_cell(t.key)} | {_cell(archs)} | {report.get('verdict')} | {report.get('score')} | {_cell(_fusions(report))} | "
+            f"{_cell(_moe(report))} | {_tp(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |"
+        )
+    out.append("")
+    return "\n".join(out)
+
+
+def write_atlas(result: SweepResult, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render_atlas(result), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,126 @@
+"""``hfcheck verify REF`` and ``attach_proofs`` (for ``hfcheck scan --verify``).
+
+Exit codes follow ``scan``: 0 every claim proven (or not applicable), 1 a proof failed or
+could not run, 2 hfcheck could not run (bad reference, unreadable config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+PENALTY = {"fusion": 15, "tp": 10, "pp": 10, "ep": 10}
+"""Score lost per failed proof: a wrong fusion costs what a failing speed check costs, a
+wrong parallel plan what a failing parallel check costs."""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("verify", help="prove scan's fusions and parallel plans numerically on a tiny CPU instance")
+    parser.add_argument("ref", help="Hub id such as Qwen/Qwen3-4B (optionally @revision) or a local folder with config.json")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--tp-sizes", default="2,4", metavar="N[,N]", help="tensor-parallel sizes to prove (default 2,4)")
+    parser.add_argument("--no-parallel", action="store_true", help="prove the fusions only (no worker processes)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds a group of workers may run")
+    parser.set_defaults(handler=run)
+    return parser
+
+
+def _tp_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--tp-sizes {text!r} is not a comma-separated list of integers") from None
+    if not sizes or any(s < 2 for s in sizes):
+        raise ValueError("--tp-sizes takes sizes >= 2")
+    return sizes
+
+
+def attach_proofs(report: dict[str, Any], analysis, proofs: list | None = None, **options) -> dict[str, Any]:
+    """Add ``proofs`` to a scan report (running them unless given) and let failures count:
+    each failed proof costs score (``PENALTY``) and a ``native-speed`` verdict becomes ``runs``.
+    ``options`` go to ``verify_analysis`` (``tp_sizes``, ``parallel``, ``seed``, ``timeout_s``)."""
+    if proofs is None:
+        from hfcheck.porter.verify.runner import verify_analysis
+
+        options.setdefault("blocked", report.get("verdict") == "blocked")
+        proofs = verify_analysis(analysis, **options)
+    records = [p if isinstance(p, dict) else p.to_dict() for p in proofs]
+    report["proofs"] = records
+    failed = [p for p in records if p["status"] == "failed"]
+    if failed:
+        report["score"] = max(0, report["score"] - sum(PENALTY.get(p.get("kind"), 10) for p in failed))
+        if report.get("verdict") == "native-speed":
+            report["verdict"] = "runs"
+    return report
+
+
+def render_proofs(report: dict[str, Any], console=None) -> None:
+    """The proofs section of a text report (``rich``)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = console or Console()
+    marks = {"proven": ("✓", "green"), "failed": ("✗", "red"), "not_applicable": ("·", "dim"), "error": ("?", "magenta")}
+    table = Table(title="Proofs (tiny instance, float32, CPU)", title_justify="left", expand=True)
+    table.add_column("", width=1)
+    table.add_column("claim", ratio=4)
+    table.add_column("rel. error", justify="right", no_wrap=True)
+    table.add_column("s", justify="right", no_wrap=True)
+    table.add_column("detail", ratio=3, style="dim")
+    for p in report.get("proofs", []):
+        mark, style = marks.get(p["status"], ("?", "magenta"))
+        err = "" if p.get("max_rel_error") is None else f"{p['max_rel_error']:.1e}"
+        detail = p.get("detail") or ("" if p["status"] == "proven" else p["status"])
+        table.add_row(Text(mark, style=style), Text(p["claim"]), err, f"{p['seconds']:.2f}", Text(detail))
+    console.print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from hfcheck.analyzer.facts import FactsError
+    from hfcheck.analyzer.sources import SourceError, resolve
+
+    try:
+        sizes = _tp_sizes(args.tp_sizes)
+        source = resolve(args.ref)
+    except (SourceError, ValueError) as exc:
+        sys.stderr.write(f"hfcheck: error: {exc}\n")
+        return EXIT_ERROR
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+
+    try:
+        analysis = analyse(source)
+        report = build_report(analysis)
+    except FactsError as exc:
+        sys.stderr.write(f"hfcheck: error: {args.ref}: {exc}\n")
+        return EXIT_ERROR
+    report = attach_proofs(report, analysis, tp_sizes=sizes, parallel=not args.no_parallel, seed=args.seed, timeout_s=args.timeout)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        from rich.console import Console
+        from rich.text import Text
+
+        from hfcheck.analyzer.render.text import VERDICT_STYLE
+
+        console = Console()
+        model = report["model"]
+        head = Text()
+        head.append(report["verdict"].upper(), style=VERDICT_STYLE.get(report["verdict"], "bold"))
+        head.append(f"  score {report['score']}/100   {model['ref']}  ({model['model_type']})")
+        console.print(head)
+        render_proofs(report, console)
+        from hfcheck.porter.verify.runner import summary
+
+        counts = summary(report["proofs"])
+        console.print(", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n), markup=False)
+    bad = any(p["status"] in ("failed", "error") for p in report["proofs"])
+    return EXIT_FINDINGS if bad else EXIT_CLEAN

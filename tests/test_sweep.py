@@ -1,0 +1,197 @@
+"""``hfcheck sweep``: real worker processes, real scans, a fresh offline HF cache and result cache.
+
+The full sweep of every causal-LM type is not run here (that is the atlas and the benchmark);
+these sweep a handful of targets, including ones that fail, hang and crash on purpose
+(``HFCHECK_TEST_HANG`` / ``HFCHECK_TEST_CRASH`` make the worker sleep or abort on a key).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from jsonschema import validate
+
+from hfcheck.analyzer.report import schema
+from hfcheck.analyzer.sweep.atlas import render_atlas
+from hfcheck.analyzer.sweep.cache import ResultCache
+from hfcheck.analyzer.sweep.run import SweepResult, instance_ok, sweep
+from hfcheck.analyzer.sweep.targets import Target, TargetError, causal_lm_mapping, causal_lm_types, parse_refs, read_ref_file
+
+BUNDLED_QWEN = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled" / "Qwen__Qwen3-0.6B"
+
+
+def _cli_has_sweep() -> bool:
+    from hfcheck.cli import build_parser
+
+    try:
+        build_parser().parse_args(["sweep", "--help"])
+    except SystemExit as exc:
+        return exc.code == 0
+    return False
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict:
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+        "HFCHECK_CACHE_DIR": str(tmp_path / "cache"),
+        **extra,
+    }
+
+
+def sweep_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hfcheck.analyzer.sweep", *args]
+
+
+def run_sweep(*args: str, tmp_path: Path, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_cmd(*args), capture_output=True, text=True, env=env_for(tmp_path, **env), timeout=timeout, cwd=tmp_path)
+
+
+def model_folder(path: Path, config_text: str | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if config_text is None:
+        config_text = (BUNDLED_QWEN / "config.json").read_text()
+    (path / "config.json").write_text(config_text)
+    return path
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+def test_every_causal_lm_type_is_a_target():
+    types = causal_lm_types()
+    assert [t.key for t in types] == sorted(causal_lm_mapping())
+    assert len(types) > 150 and all(t.is_type for t in types)
+    assert {"llama", "qwen3", "gpt2"} <= {t.key for t in types}
+
+
+def test_parse_refs_and_ref_file(tmp_path):
+    listing = tmp_path / "models.txt"
+    listing.write_text("# models\nQwen/Qwen3-4B\n\n./local  # a folder\ntype:llama\nQwen/Qwen3-4B\n")
+    targets = parse_refs(read_ref_file(str(listing)))
+    assert targets == [Target("Qwen/Qwen3-4B", ref="Qwen/Qwen3-4B"), Target("./local", ref="./local"), Target("llama", model_type="llama")]
+    with pytest.raises(TargetError):
+        parse_refs(["type:"])
+    with pytest.raises(TargetError, match="cannot be read"):
+        read_ref_file(str(tmp_path / "missing.txt"))
+
+
+# ------------------------------------------------------------------------ end to end
+
+
+def test_sweep_types_bundled_ref_and_broken_folders(tmp_path):
+    garbage = model_folder(tmp_path / "garbage", "this is {not json")
+    nonsense = model_folder(tmp_path / "nonsense", json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": "many"}))
+    refs = ["type:llama", "type:qwen3", "type:gpt2", "Qwen/Qwen3-0.6B", str(garbage), str(nonsense)]
+    run = run_sweep(*refs, "--format", "json", "--jobs", "2", "--atlas", str(tmp_path / "atlas.md"), tmp_path=tmp_path)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert list(out) == ["llama", "qwen3", "gpt2", "Qwen/Qwen3-0.6B", str(garbage), str(nonsense)]
+    for key in ("llama", "qwen3", "gpt2", "Qwen/Qwen3-0.6B"):
+        validate(out[key], schema())
+        assert instance_ok({"report": out[key]}), key
+    assert out["llama"]["verdict"] == out["qwen3"]["verdict"] == "native-speed"
+    assert out["Qwen/Qwen3-0.6B"]["model"]["source"] == "bundled"
+    assert out["llama"]["model"]["source_note"].startswith("default LlamaForCausalLM config of transformers")
+    assert out[str(garbage)] == {"error": f"analysis failed: {garbage / 'config.json'}: not valid JSON (Expecting value at line 1, column 1)"}
+    assert out[str(nonsense)]["error"].startswith("analysis failed: FactsError: config.json is not a valid llama config")
+    assert "6 of 6 targets" in run.stderr and "2 failed" in run.stderr
+
+    atlas = (tmp_path / "atlas.md").read_text()
+    summary, failures, rows = atlas.index("## Summary"), atlas.index("## Failures"), atlas.index("## Every target")
+    assert summary < failures < rows
+    assert "| native-speed | 3 |" in atlas[summary:failures] or "| native-speed | 4 |" in atlas[summary:failures]
+    assert "| analysis failed | 2 |" in atlas[summary:failures] and "| **total** | **6** |" in atlas[summary:failures]
+    assert f"| {garbage} | analysis | analysis failed: " in atlas[failures:rows]
+    assert "| llama | LlamaForCausalLM | native-speed | 100 | glu, qkv, rms_norm |" in atlas[rows:]
+
+
+def test_hanging_and_crashing_workers_do_not_stop_the_sweep(tmp_path):
+    hang, crash = model_folder(tmp_path / "hangs"), model_folder(tmp_path / "crashes")
+    started = time.monotonic()
+    run = run_sweep(
+        str(hang), "type:llama", str(crash), "type:qwen3", "--format", "json", "--jobs", "2", "--timeout", "4",
+        tmp_path=tmp_path, HFCHECK_TEST_HANG=str(hang), HFCHECK_TEST_CRASH=str(crash),
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert out[str(hang)] == {"error": "analysis failed: timed out after 4 s (worker killed)"}
+    assert out[str(crash)]["error"].startswith("analysis failed: worker crashed (SIGABRT): Aborted")
+    assert out["llama"]["verdict"] == out["qwen3"]["verdict"] == "native-speed"
+    assert time.monotonic() - started < 120
+    # neither a timeout nor a crash is cached (they may be the machine's fault): llama and qwen3 only
+    assert len(list((tmp_path / "cache").rglob("*.json"))) == 2
+
+
+def test_cache_makes_a_rerun_instant_and_no_cache_bypasses_it(tmp_path):
+    refs = ["type:llama", "type:mistral", "Qwen/Qwen3-0.6B"]
+    first = run_sweep(*refs, "--format", "json", "--jobs", "1", tmp_path=tmp_path)
+    assert first.returncode == 0 and "3 analysed, 0 from cache" in first.stderr, first.stderr
+    second = run_sweep(*refs, "--format", "json", "--jobs", "1", tmp_path=tmp_path)
+    assert "0 analysed, 3 from cache" in second.stderr, second.stderr
+    assert json.loads(second.stdout) == json.loads(first.stdout)
+    # in-process: a fully cached sweep starts no worker at all
+    cached = sweep(parse_refs(refs[:2]), cache=ResultCache(tmp_path / "cache"))
+    assert (cached.from_cache, cached.analysed, cached.workers_started) == (2, 0, 0)
+    bypass = run_sweep(*refs, "--format", "json", "--no-cache", "--jobs", "1", tmp_path=tmp_path)
+    assert "3 analysed, 0 from cache" in bypass.stderr, bypass.stderr
+
+
+def test_ctrl_c_keeps_finished_results_and_writes_the_atlas(tmp_path):
+    hang = model_folder(tmp_path / "hangs")
+    cmd = sweep_cmd("type:llama", "type:qwen3", str(hang), "--format", "json", "--jobs", "2", "--timeout", "300", "--atlas", str(tmp_path / "atlas.md"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path, HFCHECK_TEST_HANG=str(hang)), cwd=tmp_path)
+    deadline = time.monotonic() + 180
+    while len(list((tmp_path / "cache").rglob("*.json"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(0.5)  # the hanging target has been handed to a worker by now
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    out = json.loads(stdout)
+    assert list(out) == ["llama", "qwen3"] and all("verdict" in r for r in out.values())
+    assert "interrupted" in stderr
+    assert "Partial: the sweep was interrupted after 2 of 3 targets" in (tmp_path / "atlas.md").read_text()
+
+
+def test_usage_errors_exit_2(tmp_path):
+    run = run_sweep("--from", str(tmp_path / "nope.txt"), tmp_path=tmp_path, timeout=60)
+    assert run.returncode == 2 and "cannot be read" in run.stderr
+    run = run_sweep("type:llama", "--jobs", "0", tmp_path=tmp_path, timeout=60)
+    assert run.returncode == 2 and "--jobs" in run.stderr
+
+
+# ------------------------------------------------------------------------------- atlas
+
+
+def test_atlas_lists_instance_failures_with_their_reason(scan_type):
+    ok = {"report": scan_type("qwen3")}
+    no_instance = {"report": json.loads(json.dumps(ok["report"]))}
+    no_instance["report"]["analysis"].update(instance=None, instance_error="KeyError: 'x'", graph=False)
+    no_instance["transformers_builds"] = {"ok": False, "error": "KeyError: 'x'"}
+    result = SweepResult(
+        [Target("qwen3", model_type="qwen3"), Target("odd", model_type="odd"), Target("gone", model_type="gone")],
+        {"qwen3": ok, "odd": no_instance, "gone": {"error": "timed out after 1 s (worker killed)"}},
+    )
+    text = render_atlas(result)
+    assert text.index("## Summary") < text.index("## Failures") < text.index("## Every target")
+    assert "Tiny instance built and graph walked: **1 of 3** (33.3%)" in text
+    assert "| gone | analysis | analysis failed: timed out after 1 s (worker killed) | — |" in text
+    assert "| odd | tiny instance / graph | no tiny instance: KeyError: 'x' | no: KeyError: 'x' |" in text
+    assert "1 of the 2 failures are transformers' own" in text and "Over the other 2 targets: **1 of 2** (50.0%)" in text
+    assert render_atlas(result) == text  # deterministic: nothing time-dependent
+
+
+def test_hfcheck_sweep_subcommand(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:llama", "--format", "json"], capture_output=True, text=True, env=env_for(tmp_path), timeout=240, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["llama"]["verdict"] == "native-speed"
