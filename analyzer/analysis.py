@@ -7,7 +7,6 @@ that into "inconclusive" rather than crashing.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,13 +72,7 @@ def analyse(source: ModelSource) -> Analysis:
     timings["instance"] = time.perf_counter() - t1
     if instance is not None:
         t2 = time.perf_counter()
-        limit = sys.getrecursionlimit()
-        try:
-            fp16_divides = facts.dtype == "float16" and facts.routed_scaling_factor != 1.0
-            observations = observe(instance.model, fusion_context(facts), fp16_divides)
-        except RecursionError:  # pragma: no cover - a pathological module tree
-            error = "the module tree is too deep to walk"
-        finally:
-            sys.setrecursionlimit(limit)
+        fp16_divides = facts.dtype == "float16" and facts.routed_scaling_factor != 1.0
+        observations = observe(instance.model, fusion_context(facts), fp16_divides)
         timings["graph"] = time.perf_counter() - t2
     return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings)

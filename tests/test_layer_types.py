@@ -21,7 +21,7 @@ from hfcheck.analyzer.facts.layer_types import (
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
-import transformers  # noqa: E402
+
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
 
 transformers.logging.set_verbosity_error()

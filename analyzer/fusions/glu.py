@@ -13,7 +13,7 @@ from torch import fx, nn
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.merged_column import MergedColumn
 from hfcheck.analyzer.graph import forward_source as src
-from hfcheck.analyzer.graph.nodes import child, find, is_linear, peel, returned_linear
+from hfcheck.analyzer.graph.nodes import find, is_linear, peel
 from hfcheck.analyzer.graph.tracer import Trace
 from hfcheck.analyzer.vocabulary import ACT_AND_MUL_KERNELS
 

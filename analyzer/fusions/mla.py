@@ -12,7 +12,7 @@ from torch import fx, nn
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
-from hfcheck.analyzer.graph.nodes import child, downstream_linear, is_linear, reads_forward_input, returned_linear, upstream_linear
+from hfcheck.analyzer.graph.nodes import child, downstream_linear, is_linear, returned_linear, upstream_linear
 from hfcheck.analyzer.graph.tracer import Trace
 
 
