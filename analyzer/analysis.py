@@ -29,6 +29,8 @@ class Analysis:
     transformers_class: type | None
     class_origin: str | None
     timings: dict[str, float] = field(default_factory=dict)
+    sandbox: Any = None
+    """The sandboxed remote-code run (``--trust-remote-code``), when there was one."""
 
     @property
     def fusion_context(self) -> FusionContext:
@@ -53,26 +55,43 @@ def resolve_transformers_class(facts: ModelFacts) -> tuple[type | None, str | No
     return None, None
 
 
-def analyse(source: ModelSource) -> Analysis:
+def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeout: float = 120.0) -> Analysis:
+    """Run every stage. Remote classes (vLLM resolves them through ``auto_map`` when the
+    architecture is not a transformers class) are only ever built in a sandboxed child
+    process, and only with ``trust_remote_code``."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     facts, cfg_obj = collect_facts(source.config)
     timings["facts"] = time.perf_counter() - t0
     cls, origin = resolve_transformers_class(facts)
-    instance = observations = None
+    instance = observations = sandbox = None
     error = None
     t1 = time.perf_counter()
-    if cfg_obj is None:
-        error = "remote code: its classes are not executed without --trust-remote-code"
+    if origin == "auto_map" or (cfg_obj is None and facts.auto_map):
+        if not trust_remote_code:
+            error = "remote code: its classes are not executed without --trust-remote-code"
+        elif not source.code_files:
+            error = "remote code: its files could not be obtained (see missing code)"
+        else:
+            from hfcheck.analyzer.remote.sandbox import run_sandboxed
+
+            sandbox = run_sandboxed(source, sandbox_timeout)
+            if sandbox.ok:
+                facts = sandbox.facts or facts
+                instance, observations = sandbox.instance, sandbox.observations
+            else:
+                error = f"remote code (sandboxed): {sandbox.error}"
+    elif cfg_obj is None:
+        error = "no transformers config class for this model_type"
     else:
         try:
             instance = build_structural(facts, cfg_obj)
         except InstanceError as exc:
             error = str(exc)
     timings["instance"] = time.perf_counter() - t1
-    if instance is not None:
+    if instance is not None and observations is None:
         t2 = time.perf_counter()
         fp16_divides = facts.dtype == "float16" and facts.routed_scaling_factor != 1.0
         observations = observe(instance.model, fusion_context(facts), fp16_divides)
         timings["graph"] = time.perf_counter() - t2
-    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings)
+    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox)

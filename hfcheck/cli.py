@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
     scan.add_argument("--graph", metavar="FILE", help="write the module dependency graph (networkx) as GraphML")
     scan.add_argument("--verify", action="store_true", help="also prove the fusions and parallel plans numerically on CPU")
+    scan.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="build auto_map models in a sandboxed subprocess (time limit, no network, no writes outside a temp folder)",
+    )
     explain = sub.add_parser("explain", help="print the documentation of a check code")
     explain.add_argument("code", nargs="?", help="e.g. HFC201")
     explain.add_argument("--all", action="store_true", help="every check, in order")
@@ -91,7 +96,7 @@ def _scan(args: argparse.Namespace) -> int:
     from hfcheck.analyzer.report import build_report
 
     try:
-        analysis = analyse(source)
+        analysis = analyse(source, trust_remote_code=args.trust_remote_code)
         report = build_report(analysis)
     except FactsError as exc:
         return _fail(f"{args.ref}: {exc}")

@@ -70,6 +70,9 @@ def render_text(report: dict[str, Any], console: Console, verbose: bool = False)
     mem = report["memory"]
     if mem:
         console.print(f"Memory: weights {mem['weights_gib']:.1f} GiB, KV cache {mem['kv_cache_gib_per_sequence']:.1f} GiB per {mem['context']}-token sequence (assuming {mem['assumed_gpu_gib']} GiB GPUs)", markup=False)
+    for f in report.get("code_findings", []):
+        where = f"{f['file']}:{f['line']}" if f.get("file") and f.get("line") else (f.get("file") or "")
+        console.print(f"{f['code']} {where} {f['message']}", style="yellow", markup=False)
     for line in report.get("missing_code", []):
         console.print(f"Code not analysed: {line}", style="magenta", markup=False)
     if report["serve_command"]:

@@ -13,6 +13,7 @@ from typing import Any
 import hfcheck
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.analysis import Analysis
+from hfcheck.analyzer.remote import code_findings
 from hfcheck.analyzer.report.memory import estimate, suggested_parallelism
 from hfcheck.analyzer.report.verdict import score_of, verdict_of
 from hfcheck.analyzer.rules.base import Finding
@@ -133,6 +134,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
         ),
         "serve_command": command,
         "missing_code": list(source.missing_code),
+        "code_findings": code_findings(source),
         "analysis": {
             "instance": analysis.instance.shrink if analysis.instance else None,
             "instance_error": analysis.instance_error,

@@ -8,6 +8,7 @@ from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNor
 from hfcheck.analyzer.rules.moe import ExpertParallel, ExpertsReplaceable, InternalRouting
 from hfcheck.analyzer.rules.parallel import PipelineParallel, TensorParallelPlan, TensorParallelSizes
 from hfcheck.analyzer.rules.quantization import Quantization
+from hfcheck.analyzer.rules.remote_code import REMOTE_CODE_RULES
 from hfcheck.analyzer.rules.resolution import ClassResolution, CompatibilityGate, InstanceBuilt, NativeImplementation
 
 RULES: tuple[type[Rule], ...] = (
@@ -29,6 +30,7 @@ RULES: tuple[type[Rule], ...] = (
     TensorParallelSizes,
     PipelineParallel,
     Quantization,
+    *REMOTE_CODE_RULES,
 )
 
 BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in RULES}

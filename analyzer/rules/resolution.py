@@ -61,6 +61,11 @@ class CompatibilityGate(Rule):
 
     def check(self, analysis) -> list[Finding]:
         cls = analysis.transformers_class
+        gate = getattr(analysis.sandbox, "gate_passes", None)
+        if cls is None and gate is not None:
+            if gate:
+                return [self.passed("the remote model class passes the gate (checked in the sandbox)")]
+            return [self.failed("the remote model class neither sets _supports_attention_backend nor dispatches via get_interface (checked in the sandbox)")]
         if cls is None:
             if analysis.class_origin == "auto_map":
                 return [self.inconclusive("remote class not imported (untrusted code is never executed)")]
