@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     scan = sub.add_parser("scan", help="analyse one model (Hub id[@revision] or local folder)")
     scan.add_argument("ref", help="Hub id such as Qwen/Qwen3-4B (optionally @revision) or a local folder with config.json")
-    scan.add_argument("--format", choices=("text", "json"), default="text")
+    scan.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text")
+    scan.add_argument("--policy", metavar="FILE", help="policy file (TOML or YAML): which checks enforce, which are ignored, fail-under")
+    scan.add_argument("--cross-check", action="store_true", help="also ask the installed vLLM's own code (0.33.x) and report agreement")
     scan.add_argument("--fail-under", type=int, default=None, metavar="N", help="exit 1 when the score is below N")
     scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
     scan.add_argument("--graph", metavar="FILE", help="write the module dependency graph (networkx) as GraphML")
@@ -86,8 +88,13 @@ def _fail(message: str) -> int:
 def _scan(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.facts import FactsError
+    from hfcheck.analyzer.policy import DEFAULT_POLICY, PolicyError, load_policy
     from hfcheck.analyzer.sources import SourceError, resolve
 
+    try:
+        policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
+    except PolicyError as exc:
+        return _fail(str(exc))
     try:
         source = resolve(args.ref)
     except SourceError as exc:
@@ -104,6 +111,14 @@ def _scan(args: argparse.Namespace) -> int:
         from hfcheck.porter.verify.cli import attach_proofs
 
         report = attach_proofs(report, analysis)
+    if args.cross_check:
+        from hfcheck.analyzer.crosscheck import cross_check, summary_line
+
+        report["cross_check"] = cross_check(analysis, report)
+        if not report["cross_check"]["available"]:
+            sys.stderr.write(summary_line(report["cross_check"]) + "\n")
+    if args.policy:
+        report = policy.apply(report)
     if args.graph:
         if analysis.observations is None:
             return _fail(f"no graph to write: {analysis.instance_error}")
@@ -115,6 +130,14 @@ def _scan(args: argparse.Namespace) -> int:
             return _fail(f"cannot write {args.graph}: {exc.strerror}")
     if args.format == "json":
         print(json.dumps(report, indent=2))
+    elif args.format == "sarif":
+        from hfcheck.analyzer.render.sarif import render_sarif
+
+        print(json.dumps(render_sarif(report), indent=2))
+    elif args.format == "github":
+        from hfcheck.analyzer.render.github import render_github
+
+        sys.stdout.write(render_github(report))
     else:
         from rich.console import Console
 
@@ -126,10 +149,11 @@ def _scan(args: argparse.Namespace) -> int:
             from hfcheck.porter.verify.cli import render_proofs
 
             render_proofs(report, console)
-    failing = any(c["status"] == "fail" for c in report["checks"]) or any(p["status"] == "failed" for p in report.get("proofs", []))
-    if args.fail_under is not None and report["score"] < args.fail_under:
-        return EXIT_FINDINGS
-    return EXIT_FINDINGS if failing else EXIT_CLEAN
+        if report.get("cross_check", {}).get("available"):
+            from hfcheck.analyzer.crosscheck import render_cross_check_text
+
+            render_cross_check_text(report["cross_check"], console)
+    return policy.exit_code(report, args.fail_under)
 
 
 def _explain(args: argparse.Namespace) -> int:

@@ -1,0 +1,417 @@
+"""``hfcheck scan --cross-check``: ask vLLM's own code the questions hfcheck answered.
+
+Where vLLM is importable in the same interpreter and is the release hfcheck models (0.33.x),
+vLLM's own logic is run on the *same* structural instance hfcheck walked:
+
+- registry: whether vLLM has a native class for the architecture (``vllm.ModelRegistry``), and
+  how ``ModelRegistry._try_resolve_transformers`` resolves it with ``--model-impl
+  transformers`` (class found / not compatible / which backend class, MoE or not). Remote
+  classes (``auto_map``) are never imported: that part is then skipped;
+- fusions: ``get_fusers`` (candidates per class) and ``Fusers.__getitem__`` (chosen per
+  instance, with vLLM's head size from its own config convertor) on every module hfcheck
+  visited;
+- attention coverage: the layers whose attention vLLM's ``AttentionFuser`` takes (the text
+  config's attention implementation is switched from hfcheck's stand-in to ``"vllm"`` while
+  vLLM looks, and restored);
+- MoE: vLLM's replaceable-experts test and ``MoEBlockFuser.match`` on every block with an
+  ``experts`` child (block taken over, routing, scoring function, shared expert).
+
+The result is the report's ``cross_check`` block::
+
+    {"available": true, "vllm_version": "0.33.0", "agrees": false,
+     "compared": {"modules": 31, "layers": 4, "moe_blocks": 1, ...},
+     "differences": [{"quantity": "chosen", "where": "Qwen3MLP", "vllm": [...], "hfcheck": [...],
+                      "instances": 2, "example": "layers.0.mlp"}]}
+
+Otherwise ``{"available": false, "vllm_version": X|null, "agrees": null, "differences": [],
+"note": "cross-check unavailable for vLLM X"}`` and the command prints that one line. A
+cross-check never changes the verdict, the score or the exit code.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import warnings
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from hfcheck.analyzer.analysis import Analysis
+
+SUPPORTED_SERIES = "0.33"
+"""The vLLM release series whose code the cross-check calls (private APIs: version-gated)."""
+
+CROSS_CHECK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["available", "vllm_version", "agrees", "differences"],
+    "properties": {
+        "available": {"type": "boolean"},
+        "vllm_version": {"type": ["string", "null"]},
+        "agrees": {"type": ["boolean", "null"]},
+        "note": {"type": ["string", "null"]},
+        "compared": {"type": "object"},
+        "vllm_backend_class": {"type": ["string", "null"]},
+        "differences": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["quantity", "where", "vllm", "hfcheck"],
+                "properties": {
+                    "quantity": {"type": "string"},
+                    "where": {"type": "string"},
+                    "instances": {"type": "integer"},
+                    "example": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+}
+"""The ``cross_check`` property of the scan report (for scan.schema.json)."""
+
+
+def installed_vllm_version() -> str | None:
+    """vLLM's version from its distribution metadata (nothing imported); None if absent."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def supported(version: str | None) -> bool:
+    return bool(version) and (version == SUPPORTED_SERIES or version.startswith(SUPPORTED_SERIES + "."))
+
+
+def unavailable(version: str | None, why: str | None = None) -> dict[str, Any]:
+    if version is None:
+        note = "cross-check unavailable: vLLM not installed"
+    elif why:
+        note = f"cross-check unavailable for vLLM {version}: {why}"
+    else:
+        note = f"cross-check unavailable for vLLM {version} (hfcheck models vLLM {SUPPORTED_SERIES}.x)"
+    return {"available": False, "vllm_version": version, "agrees": None, "differences": [], "note": note}
+
+
+def summary_line(cross: dict[str, Any]) -> str:
+    """One line for the terminal / CI log."""
+    if not cross.get("available"):
+        return cross.get("note") or "cross-check unavailable"
+    n = len(cross["differences"])
+    head = f"cross-check with vLLM {cross['vllm_version']}: "
+    if cross.get("agrees"):
+        compared = cross.get("compared") or {}
+        parts = [k.replace("_", " ") for k in ("registry", "backend_class") if compared.get(k)]
+        for key, noun in (("modules", "module"), ("layers", "attention layer"), ("moe_blocks", "MoE block")):
+            if compared.get(key):
+                parts.append(f"{compared[key]} {noun}{'s' * (compared[key] != 1)}")
+        return head + (f"agrees on {', '.join(parts)}" if parts else "agrees")
+    return head + f"{n} difference{'s' * (n != 1)}"
+
+
+def render_cross_check_text(cross: dict[str, Any], console: Any) -> None:
+    """Terminal rendering (rich console): the summary line, then each difference."""
+    style = "green" if cross.get("agrees") else ("yellow" if cross.get("available") else "dim")
+    console.print(summary_line(cross), style=style, markup=False)
+    for d in cross.get("differences", []):
+        where = f" (e.g. {d['example']})" if d.get("example") else ""
+        console.print(f"  {d['quantity']} {d['where']}: vLLM={d['vllm']!r} hfcheck={d['hfcheck']!r}{where}", markup=False)
+
+
+def cross_check(analysis: "Analysis", report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``cross_check`` block for this analysis (never raises for a vLLM-side problem)."""
+    version = installed_vllm_version()
+    if not supported(version):
+        return unavailable(version)
+    try:
+        vllm_api = _import_vllm()
+    except Exception as exc:  # broken install, missing CUDA runtime pieces, ...
+        return unavailable(version, f"vLLM does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+    diffs = _Differences()
+    compared: dict[str, int] = {}
+    backend = _registry(vllm_api, analysis, report or {}, diffs, compared)
+    inst, obs = analysis.instance, analysis.observations
+    note = None
+    if getattr(analysis, "sandbox", None) is not None:
+        # remote classes only ever run in hfcheck's sandbox: vLLM's code is not run on them here
+        note = "remote code built in the sandbox: only the registry was compared"
+    elif inst is None or obs is None or not hasattr(getattr(inst, "model", None), "named_modules"):
+        note = f"no structural instance to compare ({analysis.instance_error})"
+    else:
+        with _vllm_attention(inst.model):
+            _fusions(vllm_api, analysis, diffs, compared)
+            _moe(vllm_api, analysis, diffs, compared)
+    out = {
+        "available": True,
+        "vllm_version": version,
+        "agrees": not diffs.items,
+        "compared": compared,
+        "vllm_backend_class": backend,
+        "differences": diffs.as_list(),
+    }
+    if note:
+        out["note"] = note
+    return out
+
+
+# --- vLLM's side ---------------------------------------------------------------------
+
+
+def _import_vllm() -> SimpleNamespace:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import vllm
+        import vllm.model_executor.models.transformers  # noqa: F401  (registers the "vllm" attention function)
+        from vllm.config import ModelConfig
+        from vllm.model_executor.models import registry
+        from vllm.model_executor.models.transformers.fuser import Fusers, get_fusers
+        from vllm.model_executor.models.transformers.fusers import AttentionFuser
+        from vllm.model_executor.models.transformers.fusers.moe import MoEBlockFuser
+        from vllm.transformers_utils.model_arch_config_convertor import MODEL_ARCH_CONFIG_CONVERTORS, ModelArchConfigConvertorBase
+    return SimpleNamespace(
+        vllm=vllm, registry=registry, ModelConfig=ModelConfig, Fusers=Fusers, get_fusers=get_fusers, AttentionFuser=AttentionFuser,
+        MoEBlockFuser=MoEBlockFuser, convertors=MODEL_ARCH_CONFIG_CONVERTORS, convertor_base=ModelArchConfigConvertorBase,
+    )
+
+
+FUSER_NAMES = {
+    "MLAFuser": "mla", "GLUFuser": "glu", "QKVFuser": "qkv", "PackedQKVFuser": "packed_qkv",
+    "MergedColumnParallelFuser": "merged_column", "RMSNormFuser": "rms_norm", "AttentionFuser": "attention",
+}
+
+
+def _fuser_name(fuser: Any) -> str:
+    return FUSER_NAMES.get(type(fuser).__name__, type(fuser).__name__)
+
+
+class _Differences:
+    """Differences deduplicated by (quantity, where, vLLM value, hfcheck value)."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+
+    def add(self, quantity: str, where: str, vllm_value: Any, hfcheck_value: Any, path: str | None = None) -> None:
+        key = (quantity, where, repr(vllm_value), repr(hfcheck_value))
+        entry = self.items.setdefault(key, {"quantity": quantity, "where": where, "vllm": vllm_value, "hfcheck": hfcheck_value, "instances": 0, "example": path})
+        entry["instances"] += 1
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return list(self.items.values())
+
+
+def _text_config(config: Any) -> Any:
+    try:
+        return config.get_text_config(decoder=True)
+    except TypeError:
+        return config.get_text_config()
+
+
+def _status(report: dict[str, Any], code: str) -> str | None:
+    for c in report.get("checks", []):
+        if c.get("code") == code:
+            return c.get("status")
+    return None
+
+
+def _registry(api: SimpleNamespace, analysis: "Analysis", report: dict[str, Any], diffs: _Differences, compared: dict[str, int]) -> str | None:
+    facts = analysis.facts
+    archs = list(facts.architectures or [])
+    if not archs:
+        return None
+    reg = api.registry
+    always_transformers = set(reg._TRANSFORMERS_SUPPORTED_MODELS) | set(reg._TRANSFORMERS_BACKEND_MODELS)
+    supported_archs = set(api.vllm.ModelRegistry.get_supported_archs())
+    native = any(a in supported_archs and a not in always_transformers for a in archs)
+    predicted = (report.get("model") or {}).get("vllm_native", facts.vllm_native)
+    compared["registry"] = 1
+    if predicted is not None and bool(predicted) != native:
+        diffs.add("vllm_native", archs[0], native, bool(predicted))
+    # --model-impl transformers resolution; never for a class only auto_map provides
+    import transformers
+
+    if getattr(transformers, archs[0], None) is None and facts.auto_map:
+        return None
+    config = analysis.config_object
+    if config is None:
+        return None
+    text = _text_config(config)
+    convertor = api.convertors.get(getattr(config, "model_type", None), api.convertor_base)
+    try:
+        num_experts = convertor(config, text).get_num_experts()
+    except Exception:
+        num_experts = 0
+    stub = SimpleNamespace(
+        hf_config=config, hf_text_config=text, is_moe=bool(num_experts and num_experts > 0), architectures=archs, runner="auto",
+        model=report.get("model", {}).get("ref", "model"), revision=None, code_revision=None, trust_remote_code=False, model_impl="transformers",
+    )
+    try:
+        backend_cls = api.ModelConfig._get_transformers_backend_cls(stub)
+    except Exception as exc:
+        backend_cls = None
+        diffs.add("registry_error", archs[0], f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}", None)
+    stub._get_transformers_backend_cls = lambda: backend_cls
+    # hide auto_map: vLLM would import the remote classes it names; the transformers class wins anyway
+    stub.hf_config = SimpleNamespace(auto_map=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            backend = api.vllm.ModelRegistry._try_resolve_transformers(archs[0], stub)
+            outcome = {"HFC101": "pass", "HFC102": "pass"}
+        except ValueError as exc:
+            backend = None
+            text_exc = str(exc)
+            outcome = {"HFC101": "fail"} if "Cannot find model module" in text_exc else {"HFC101": "pass", "HFC102": "fail"}
+        except Exception as exc:  # vLLM itself failed on this config: record, do not guess
+            diffs.add("registry_error", archs[0], f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}", None)
+            return None
+        finally:
+            stub.hf_config = config
+    for code, status in outcome.items():
+        mine = _status(report, code)
+        if mine in ("pass", "fail") and mine != status:
+            diffs.add(code, archs[0], status, mine)
+    if backend is not None:
+        compared["backend_class"] = 1
+        if ("MoE" in backend) != bool(facts.is_moe):
+            diffs.add("backend_moe", backend, "MoE" in backend, bool(facts.is_moe))
+    return backend
+
+
+@contextmanager
+def _vllm_attention(model: Any) -> Iterator[None]:
+    """Switch configs patched with hfcheck's stand-in attention to vLLM's "vllm", then back."""
+    from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION
+
+    switched = []
+    seen: set[int] = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None or id(config) in seen:
+            continue
+        seen.add(id(config))
+        if getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
+            try:
+                config._attn_implementation = "vllm"
+                switched.append(config)
+            except Exception:
+                pass
+    try:
+        yield
+    finally:
+        for config in switched:
+            config._attn_implementation = ATTN_IMPLEMENTATION
+
+
+def _vllm_config(api: SimpleNamespace, analysis: "Analysis") -> Any:
+    import torch
+
+    config = analysis.instance.config
+    text = _text_config(config)
+    convertor = api.convertors.get(getattr(config, "model_type", None), api.convertor_base)
+    try:
+        head_size = convertor(config, text).convert().head_size
+    except Exception:
+        head_size = convertor(config, text).get_head_size()
+    model_config = SimpleNamespace(use_mla=getattr(text, "kv_lora_rank", None) is not None, get_head_size=lambda: head_size, dtype=torch.bfloat16)
+    return SimpleNamespace(model_config=model_config, parallel_config=SimpleNamespace(tensor_parallel_size=1), quant_config=None)
+
+
+def _err(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:160] if str(exc) else ""
+    return f"ERROR {type(exc).__name__}: {text}"
+
+
+def _fusions(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, compared: dict[str, int]) -> None:
+    from hfcheck.analyzer.fusions.detect import class_fusions
+
+    model, obs = analysis.instance.model, analysis.observations
+    vcfg = _vllm_config(api, analysis)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fusers = api.Fusers(model, vcfg)
+        vllm_attention: dict[int, list[str]] = {}
+        for path, module in model.named_modules():
+            try:
+                for f in fusers[module]:
+                    if isinstance(f, api.AttentionFuser) and (idx := f.layer_index(module)) is not None:
+                        vllm_attention.setdefault(idx, []).append(path)
+            except Exception:
+                pass
+        n = 0
+        for m in obs.modules:
+            module = model.get_submodule(m.path) if m.path else model
+            n += 1
+            try:
+                v_candidates = [_fuser_name(f) for f in api.get_fusers(module)]
+                v_chosen = [_fuser_name(f) for f in fusers[module]]
+            except Exception as exc:
+                v_candidates = v_chosen = _err(exc)
+            h_candidates = [p.name for p, _ in class_fusions(module).candidates]
+            h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
+            if v_candidates != h_candidates:
+                diffs.add("candidates", m.cls, v_candidates, h_candidates, m.path or "<model>")
+            if isinstance(v_chosen, str) or sorted(v_chosen) != sorted(h_chosen):
+                diffs.add("chosen", m.cls, v_chosen, h_chosen, m.path or "<model>")
+    compared["modules"] = n
+    compared["layers"] = len(set(vllm_attention) | set(obs.attention_by_layer))
+    mine = {int(k): sorted(v) for k, v in obs.attention_by_layer.items()}
+    theirs = {k: sorted(v) for k, v in vllm_attention.items()}
+    for idx in sorted(set(mine) | set(theirs)):
+        if mine.get(idx) != theirs.get(idx):
+            diffs.add("attention_by_layer", f"layer {idx}", theirs.get(idx), mine.get(idx))
+
+
+def _moe(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, compared: dict[str, int]) -> None:
+    from torch import nn
+
+    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
+
+    model, obs = analysis.instance.model, analysis.observations
+    mine = dict(obs.moe_blocks)
+    text = _text_config(analysis.instance.config)
+    scale = getattr(text, "routed_scaling_factor", 1.0)
+    dtype = str(getattr(text, "dtype", None) or getattr(analysis.instance.config, "dtype", None) or analysis.facts.dtype).replace("torch.", "")
+    divides = scale not in (None, 1.0) and dtype == "float16"
+    n = 0
+    for path, block in model.named_modules():
+        experts = dict(block.named_children()).get(EXPERTS_NAME)
+        if experts is None:
+            continue
+        params = list(experts.parameters())
+        replaceable = isinstance(experts, nn.ModuleList) or (len(params) > 0 and all(p.ndim == 3 for p in params))
+        h = mine.get(path)
+        if h is None and not replaceable and not params:
+            continue  # neither side treats a parameter-free "experts" child as MoE
+        n += 1
+        cls = type(block).__name__
+        if h is None:
+            diffs.add("moe_block", cls, "experts child", None, path)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                fuser = api.MoEBlockFuser.match(block, EXPERTS_NAME, divides)
+                values = {
+                    "moe_replaceable": replaceable,
+                    "moe_block_fused": fuser is not None,
+                    "moe_internal": bool(fuser and fuser.scoring_func),
+                    "moe_scoring": fuser.scoring_func if fuser else None,
+                    "moe_shared": fuser.shared_name if fuser else None,
+                }
+            except Exception as exc:
+                values = {"moe_replaceable": replaceable, "moe_block_fused": _err(exc)}
+        predicted = {
+            "moe_replaceable": h.experts_replaceable,
+            "moe_block_fused": h.block_taken_over,
+            "moe_internal": h.internal_routing,
+            "moe_scoring": h.scoring if h.internal_routing else None,
+            "moe_shared": h.shared_expert,
+        }
+        for q, v in values.items():
+            if v != predicted[q]:
+                diffs.add(q, cls, v, predicted[q], path)
+    compared["moe_blocks"] = n
