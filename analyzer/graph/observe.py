@@ -50,7 +50,14 @@ class Observations:
     tp_plan: dict[str, str]
     pp_plan: dict[str, object] | None
     graph: nx.DiGraph
-    vocab_embeddings: int = 0
+
+    def module_classes(self, keep=lambda m: True) -> list[ModuleObservation]:
+        """The first instance of each module class that ``keep`` accepts (rules judge classes)."""
+        return list({m.cls: m for m in reversed(self.modules) if keep(m)}.values())[::-1]
+
+    def moe_classes(self) -> list[MoEBlock]:
+        """The first MoE block of each class."""
+        return list({b.block_class: b for _, b in reversed(self.moe_blocks)}.values())[::-1]
 
 
 _NO_RECURSE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, nn.Conv3d)

@@ -66,11 +66,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
             if name != "attention" and item not in entry["not_fused"] and name not in entry["fusions"] and not reason.startswith("a higher-priority"):
                 entry["not_fused"].append(item)
     moe = []
-    seen_moe = set()
-    for _, block in obs.moe_blocks if obs else []:
-        if block.block_class in seen_moe:
-            continue
-        seen_moe.add(block.block_class)
+    for block in obs.moe_classes() if obs else []:
         moe.append(
             {
                 "class": block.block_class,

@@ -71,11 +71,8 @@ class GatedMLP(Rule):
         obs = analysis.observations
         if obs is None:
             return [self.inconclusive("no instance to trace")]
-        out, seen = [], set()
-        for m in obs.modules:
-            if m.cls in seen or not _looks_like_mlp(m):
-                continue
-            seen.add(m.cls)
+        out = []
+        for m in obs.module_classes(_looks_like_mlp):
             if "glu" in m.fusions:
                 out.append(self.passed(f"{m.cls}: glu fuses {' + '.join(m.projections['glu'])}", module=m.cls))
             elif "merged_column" in m.fusions:
@@ -100,11 +97,8 @@ class RMSNormDetected(Rule):
         obs = analysis.observations
         if obs is None:
             return [self.inconclusive("no instance to trace")]
-        out, seen = [], set()
-        for m in obs.modules:
-            if m.cls in seen or not m.cls.endswith("RMSNorm"):
-                continue
-            seen.add(m.cls)
+        out = []
+        for m in obs.module_classes(lambda m: m.cls.endswith("RMSNorm")):
             if "rms_norm" in m.fusions:
                 out.append(self.passed(f"{m.cls} matches the RMSNorm dataflow", module=m.cls))
             else:

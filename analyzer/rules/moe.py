@@ -22,11 +22,8 @@ class ExpertsReplaceable(Rule):
             return [self.inconclusive(f"MoE with {facts.num_experts} experts; no instance to inspect")]
         if not obs.moe_blocks:
             return [self.failed(f"config declares {facts.num_experts} experts but no child is named `experts`")]
-        out, seen = [], set()
-        for path, block in obs.moe_blocks:
-            if block.block_class in seen:
-                continue
-            seen.add(block.block_class)
+        out = []
+        for block in obs.moe_classes():
             if block.experts_replaceable:
                 out.append(self.passed(f"{block.block_class}.experts ({block.experts_class}): replaced by FusedMoE ({block.replace_reason})"))
             else:
@@ -47,11 +44,8 @@ class InternalRouting(Rule):
         obs = analysis.observations
         if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
             return [self.noted("no MoE block to route")]
-        out, seen = [], set()
-        for _, block in obs.moe_blocks:
-            if block.block_class in seen or not block.experts_replaceable:
-                continue
-            seen.add(block.block_class)
+        out = []
+        for block in (b for b in obs.moe_classes() if b.experts_replaceable):
             if block.internal_routing:
                 out.append(self.passed(f"{block.block_class}: internal routing ({block.routing_reason})"))
             else:
