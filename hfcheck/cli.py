@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hfcheck.porter.verify.cli import add_parser as add_verify_parser
 
     add_verify_parser(sub)
+    from hfcheck.tui.cli import add_parser as add_tui_parser
+
+    add_tui_parser(sub)
     return parser
 
 
@@ -61,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _scan(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command == "tui":
+            from hfcheck.tui.cli import run as run_tui
+
+            return run_tui(args)
         if args.command == "verify":
             from hfcheck.porter.verify.cli import run as run_verify
 

@@ -146,7 +146,7 @@ def test_rules_document_themselves_and_carry_file_and_line():
 
     codes = [rule.code for rule in REMOTE_CODE_RULES]
     assert len(set(codes)) == len(codes) and all(re.fullmatch(r"HFC8\d\d", c) for c in codes)
-    assert not set(codes) & set(BY_CODE)
+    assert set(codes) <= set(BY_CODE)  # registered with the other rules
     for rule in REMOTE_CODE_RULES:
         doc = rule.documentation()
         assert rule.code in doc and rule.what and rule.why and rule.example and rule.fix
