@@ -35,10 +35,16 @@ class _RemoteCodeRule(Rule):
             return [self.passed(self.none)] if readable and self.none else []
         sandbox = getattr(analysis, "sandbox", None)
         observed = bool(self.observed_by and sandbox is not None and getattr(sandbox, "ok", False) and getattr(analysis, "observations", None) is not None)
+        # vLLM resolves `getattr(transformers, architecture)` before auto_map: when that class
+        # exists, the model's own modeling code is not what vLLM runs.
+        unused = getattr(analysis, "class_origin", None) == "transformers" and self.impact != "info"
         out = []
         for f in mine:
             details = {"file": f.file, "line": f.line}
-            if observed and f.status in ("fail", "warn"):
+            if unused and f.status in ("fail", "warn", "inconclusive"):
+                cls = analysis.transformers_class.__name__
+                out.append(self.noted(f"{f.message} (not what vLLM runs: it uses transformers' own {cls})", **details, static_status=f.status))
+            elif observed and f.status in ("fail", "warn"):
                 out.append(self.noted(f"{f.message} (static reading; {self.observed_by} decides on the built model)", **details, static_status=f.status))
             elif f.status == "fail":
                 out.append(self.failed(f.message, f.remediation, **details))
