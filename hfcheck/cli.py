@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hfcheck.tui.cli import add_parser as add_tui_parser
 
     add_tui_parser(sub)
+    from hfcheck.porter.cli import add_parser as add_port_parser
+
+    add_port_parser(sub)
     return parser
 
 
@@ -64,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _scan(args)
         if args.command == "explain":
             return _explain(args)
+        if args.command in ("port", "serve"):
+            from hfcheck.porter.cli import run as run_port
+
+            return run_port(args)
         if args.command == "tui":
             from hfcheck.tui.cli import run as run_tui
 

@@ -1,0 +1,122 @@
+"""``hfcheck port SRC --out DIR [--serve]`` and ``hfcheck serve DIR``.
+
+Wiring (hfcheck/cli.py): ``add_parser(sub)`` in ``build_parser``; in ``main``:
+``if args.command in ("port", "serve"): return run(args)``.
+
+Exit codes follow ``scan``: 0 ported and proven (or nothing to port; served and matching),
+1 refused, not proven, or the smoke-serve failed, 2 hfcheck could not run (bad reference,
+unusable output folder, bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def add_parser(subparsers) -> None:
+    port = subparsers.add_parser("port", help="rewrite a remote-code model into one vLLM's transformers backend serves, prove it, write a model folder")
+    port.add_argument("src", help="local model folder (or Hub id) with config.json and its auto_map code")
+    port.add_argument("--out", metavar="DIR", help="output folder (created; must be empty unless --force)")
+    port.add_argument("--format", choices=("text", "json"), default="text")
+    port.add_argument("--serve", action="store_true", help="then smoke-serve the ported folder (hfcheck serve)")
+    port.add_argument("--no-verify", action="store_true", help="skip the logit-equivalence proof")
+    port.add_argument("--no-rescan", action="store_true", help="skip the re-scan of the output")
+    port.add_argument("--force", action="store_true", help="replace the contents of a non-empty --out folder")
+    port.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds the proof process may run")
+    port.set_defaults(handler=run)
+    serve = subparsers.add_parser("serve", help="smoke-serve a model folder: real OpenAI-compatible server, one greedy completion, compared with transformers")
+    serve.add_argument("dir", help="model folder (config.json, weights, tokenizer)")
+    serve.add_argument("--format", choices=("text", "json"), default="text")
+    serve.add_argument("--prompt", default=None, help="prompt of the completion (default: 'the')")
+    serve.add_argument("--max-tokens", type=int, default=8)
+    serve.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
+                       help="auto: vLLM with --model-impl transformers when vLLM and a GPU are present, else transformers serve on CPU")
+    serve.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds the server may take to become healthy")
+    serve.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        if args.command == "port":
+            return _port(args)
+        return _serve(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("hfcheck: interrupted\n")
+        return 130
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"hfcheck: error: {message}\n")
+    return EXIT_ERROR
+
+
+def _port(args) -> int:
+    from hfcheck.porter.port.orchestrate import PortError, port, render_text
+
+    try:
+        result = port(args.src, args.out, prove=not args.no_verify, rescan=not args.no_rescan, force=args.force, proof_timeout=args.timeout)
+    except PortError as exc:
+        return _fail(str(exc))
+    if args.serve and result.status == "ported":
+        from hfcheck.porter.serve import ServeError, smoke_serve
+
+        log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
+        try:
+            result.serve = smoke_serve(args.out, log=log).to_dict()
+        except ServeError as exc:
+            result.serve = {"ok": False, "error": str(exc)}
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        render_text(result)
+        if result.serve is not None:
+            from hfcheck.porter.serve import ServeResult
+            from hfcheck.porter.serve import render_text as render_serve
+
+            if "backend" in result.serve:
+                render_serve(ServeResult(**result.serve))
+            else:
+                print(f"serve: {result.serve['error']}")
+    return result.exit_code
+
+
+def _serve(args) -> int:
+    from hfcheck.porter.serve import DEFAULT_PROMPT, ServeError, render_text, smoke_serve
+
+    log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
+    try:
+        result = smoke_serve(args.dir, prompt=args.prompt or DEFAULT_PROMPT, max_tokens=args.max_tokens, backend=args.backend,
+                             startup_timeout=args.timeout, log=log)
+    except ServeError as exc:
+        return _fail(str(exc))
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        render_text(result)
+    return EXIT_CLEAN if result.ok else EXIT_FINDINGS
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"hfcheck: error: {message}\n")
+        raise SystemExit(EXIT_ERROR)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry (``python -m hfcheck.porter.cli port ...``) until hfcheck/cli.py wires it."""
+    parser = _Parser(prog="hfcheck")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_parser(sub)
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

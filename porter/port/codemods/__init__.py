@@ -1,0 +1,46 @@
+"""One libcst codemod per fixable remote-code finding, applied in this order.
+
+Each codemod reads the *current* code with hfcheck's ``ast`` index (``analyzer/remote``: which
+class is the base model, the decoder layer, the attention, the config) and edits it with
+libcst, so comments, blank lines and formatting outside the rewritten statements stay as
+they were. A codemod records a ``Change`` per edit (finding code, where, what, why) and a
+``Refusal`` for what it recognises but cannot rewrite safely; it never guesses.
+
+Order matters: attention first (it removes direct flash/SDPA calls, so the import clean-up
+that follows can drop the imports they needed), then the removed v4 APIs and unguarded
+imports, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
+qkv fusion, the backend
+flag (only once every attention module dispatches), the fused q/k/v split, the experts, the
+decoder-layer lists, the v5 buffer initialisation, and last the parallel plans, read off the final module structure.
+"""
+
+from __future__ import annotations
+
+from hfcheck.porter.port.codemods.attention import AttentionInterface
+from hfcheck.porter.port.codemods.backend_flag import BackendFlag
+from hfcheck.porter.port.codemods.buffers import BufferInit
+from hfcheck.porter.port.codemods.experts import ExpertsLayout
+from hfcheck.porter.port.codemods.kwargs import KwargsPropagation
+from hfcheck.porter.port.codemods.layer_idx import LayerIndex
+from hfcheck.porter.port.codemods.module_lists import SingleLayerList
+from hfcheck.porter.port.codemods.packed_qkv import PackedQKV
+from hfcheck.porter.port.codemods.plans import ParallelPlans
+from hfcheck.porter.port.codemods.projections import ActivationModule, InlineProjectionHelpers
+from hfcheck.porter.port.codemods.removed_apis import RemovedApis
+
+CODEMODS = (
+    AttentionInterface,
+    RemovedApis,
+    LayerIndex,
+    KwargsPropagation,
+    InlineProjectionHelpers,
+    ActivationModule,
+    BackendFlag,
+    PackedQKV,
+    ExpertsLayout,
+    SingleLayerList,
+    BufferInit,
+    ParallelPlans,
+)
+
+__all__ = ["CODEMODS"]

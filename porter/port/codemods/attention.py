@@ -1,0 +1,514 @@
+"""HFC801 / HFC803 (and HFC802, HFC807 on the way): route attention through the transformers
+attention interface.
+
+Recognised, in an attention module's ``forward`` (top-level statements only):
+
+- hand-written ``softmax(Q K^T) V``: the statement computing ``W = Q @ K^T [/ sqrt(d) | * s]``,
+  then only mask additions (also under ``if mask is not None:``), scaling, softmax, dropout and
+  dtype casts of ``W``, up to ``O = W @ V``;
+- a direct ``F.scaled_dot_product_attention(q, k, v, attn_mask=..., ...)`` call;
+- a direct ``flash_attn_func(q, k, v, ..., causal=True)`` call ([batch, seq, heads, dim] layout).
+
+The span becomes ``attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+self.config._attn_implementation, eager_attention_forward)`` and one call
+``O, W = attention_interface(self, q, k, v, mask, dropout=..., scaling=self.scaling, **kwargs)``;
+the interface returns [batch, seq, heads, dim], so the ``O.transpose(1, 2)`` that followed is
+dropped (or, when there is none, one is added). ``self.scaling``, ``self.config`` and
+``self.is_causal = True`` are added to ``__init__`` when missing, and an ``eager_attention_forward``
+(the same softmax(QK^T)V, now the interface's eager fallback) when the file has none.
+Anything else in the span (softcapping, ALiBi, masked_fill with a model-specific mask) is
+refused with the statement that stopped it: the interface cannot express it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import libcst as cst
+
+from hfcheck.analyzer.remote.checks import attention_by_hand, dispatch_names
+from hfcheck.porter.port import cstutil as cu
+from hfcheck.porter.port.codemods.base import Codemod, add_init_assign, assigned, init_owner, init_param_of_config, parse, save
+
+SDPA = "scaled_dot_product_attention"
+FLASH = {"flash_attn_func"}
+CASTS = {"to", "type_as", "float", "half", "bfloat16", "type", "contiguous"}
+
+EAGER = '''def {name}(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """softmax(Q K^T) V on [batch, heads, seq, head_dim] tensors: the `eager` entry of the
+    attention interface (added by hfcheck port; sdpa, flash and vLLM replace it)."""
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attn_weights = attn_weights.masked_fill(~attention_mask[:, :, :, : key.shape[-2]], torch.finfo(attn_weights.dtype).min)
+    elif attention_mask is not None:
+        attn_weights = attn_weights + attention_mask[:, :, :, : key.shape[-2]]
+    elif getattr(module, "is_causal", False) and query.shape[2] > 1:
+        q_len, kv_len = query.shape[2], key.shape[2]
+        future = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).triu(kv_len - q_len + 1)
+        attn_weights = attn_weights.masked_fill(future, torch.finfo(attn_weights.dtype).min)
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = torch.nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+'''
+
+WHY_DISPATCH = "vLLM serves attention only through ALL_ATTENTION_FUNCTIONS; a layer computing it itself is refused at load"
+
+
+class Refused(Exception):
+    pass
+
+
+class _Plan:
+    def __init__(self, start: int, end: int, q: str, k: str, v: str, out: str, weights: str | None, mask: str, scale: str | None,
+                 scale_kind: str, dropout: str | None, layout: str, what: str):
+        self.start, self.end = start, end
+        self.q, self.k, self.v, self.out, self.weights = q, k, v, out, weights
+        self.mask, self.scale, self.scale_kind, self.dropout, self.layout, self.what = mask, scale, scale_kind, dropout, layout, what
+
+
+class AttentionInterface(Codemod):
+    name = "attention-interface"
+    codes = ("HFC801", "HFC803", "HFC802", "HFC807")
+
+    def apply(self, state) -> None:
+        tried: set[str] = set()
+        ported: set[str] = set()
+        while True:
+            index = state.index()
+            target = None
+            for cls in index.classes:
+                if cls.name in tried or "forward" not in cls.methods or index.is_pretrained_model(cls):
+                    continue
+                forward = cls.methods["forward"]
+                if dispatch_names(forward):
+                    continue
+                if attention_by_hand(index.file_of(cls), forward) is not None:
+                    target = cls
+                    break
+            if target is None:
+                break
+            tried.add(target.name)
+            try:
+                self._port(state, index, target)
+                ported.add(target.name)
+            except Refused as exc:
+                state.refuse("HFC803", target.file, f"{target.name}.forward", str(exc))
+        if ported:
+            self._select_directly(state, ported)
+
+    # ------------------------------------------------------------------ one class
+
+    def _port(self, state, index, cls) -> None:
+        file = cls.file
+        module = parse(state, file)
+        classdef = cu.top_class(module, cls.name)
+        if classdef is None:
+            raise Refused("the class is not defined at module level")
+        func = cu.method(classdef, "forward")
+        body = cu.body_of(func)
+        plan = self._recognise(body)
+        owner = init_owner(index, cls)
+        if owner is None or owner.file != file:
+            raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
+        owner_init = cu.method(cu.top_class(module, owner.name), "__init__")
+        config_name = init_param_of_config(owner_init)
+        init_adds: list[tuple[str, str, str]] = []  # (attr, value, position)
+        if not assigned(index, cls, "config"):
+            if config_name is None:
+                raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
+            init_adds.append(("config", config_name, "start"))
+        # scaling: vLLM reads `scaling=` from the source; it must be a literal or self.<attr>
+        scaling_arg = self._scaling(index, cls, plan, init_adds)
+        if not assigned(index, cls, "is_causal"):
+            init_adds.append(("is_causal", "True", "end"))
+        kwargs = cu.star_kwargs(func) or "kwargs"
+        iface = "attention_interface" if "attention_interface" not in cu.names_in(func) else "attention_fn"
+        eager = self._eager_name(module)
+        weights = plan.weights or ("attn_weights" if "attn_weights" not in cu.names_in(func) else "_attn_weights")
+        q, k, v = (f"{x}.transpose(1, 2)" for x in (plan.q, plan.k, plan.v)) if plan.layout == "bshd" else (plan.q, plan.k, plan.v)
+        dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
+        scaling_kw = f"scaling={scaling_arg}, " if scaling_arg is not None else ""
+        call = f"{plan.out}, {weights} = {iface}(self, {q}, {k}, {v}, {plan.mask}, dropout={dropout}, {scaling_kw}**{kwargs})\n"
+        if len(call) > 100:  # one argument a line, as transformers writes it
+            args = ["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([scaling_kw.strip().rstrip(",")] if scaling_kw else []) + [f"**{kwargs}"]
+            call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
+        new = [
+            cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager})\n"),
+            cu.stmt(call),
+        ]
+        new[0] = cu.carry_leading(body[plan.start], new[0])
+        rest = body[plan.end + 1:]
+        if plan.layout == "bhsd":
+            fixed = _drop_transpose(rest[0], plan.out) if rest else None
+            if fixed is not None:
+                rest = [fixed] + rest[1:]
+            else:
+                new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n"))
+        func = cu.with_body(func, body[: plan.start] + new + rest)
+        func = cu.add_star_kwargs(func, kwargs)
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, cu.method(classdef, "forward"), func))
+        for attr, value, position in init_adds:
+            module = add_init_assign(module, owner.name, attr, value, position)
+        module = cu.ensure_import(module, "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n", "ALL_ATTENTION_FUNCTIONS")
+        if eager not in cu.bound_names(module):
+            module = cu.ensure_import(module, "import torch\n", "torch")
+            fn = cu.stmt(EAGER.format(name=eager)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            first = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value in (cls.name, owner.name)), None)
+            module = cu.insert_before_class(module, first.name.value if first is not None else cls.name, [fn])
+            state.change("HFC801", file, eager, "added the eager fallback of the attention interface (softmax(QK^T)V)",
+                         "get_interface(impl, eager_attention_forward) needs a fallback for attn_implementation='eager'")
+        save(state, file, module)
+        where = f"{cls.name}.forward"
+        state.change("HFC803", file, where, f"replaced {plan.what} with one attention-interface call", WHY_DISPATCH)
+        state.change("HFC801", file, where, f"dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager}) once",
+                     "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
+        for attr, value, _ in init_adds:
+            if attr == "is_causal":
+                state.change("HFC807", file, f"{owner.name}.__init__", "set self.is_causal = True",
+                             "sdpa and vLLM read is_causal to apply the causal mask; an explicit decoder flag")
+            elif attr == "config":
+                state.change("HFC801", file, f"{owner.name}.__init__", f"stored self.config = {value}", "the interface is looked up from self.config._attn_implementation")
+            else:
+                state.change("HFC802", file, f"{owner.name}.__init__", f"set self.{attr} = {value} (passed as scaling=self.{attr})",
+                             "vLLM resolves scaling= from the source: it must be a number or a self.<attr>")
+
+    # ------------------------------------------------------------------ scaling
+
+    def _scaling(self, index, cls, plan: _Plan, init_adds: list) -> str | None:
+        if plan.scale_kind == "none":
+            return "1.0"  # the original applied no scale at all
+        if plan.scale_kind == "default":
+            if assigned(index, cls, "head_dim"):
+                plan.scale, plan.scale_kind = "self.head_dim**-0.5", "expr"
+            else:
+                return None  # the backends' default, 1/sqrt(head_dim)
+        src = plan.scale
+        node = cu.expr(src)
+        if cu.is_self_attr(node) or isinstance(node, (cst.Integer, cst.Float)):
+            return src
+        names = cu.names_in(node)
+        if names & {plan.q, plan.k}:
+            if re.fullmatch(rf"(math\.sqrt\()?{re.escape(plan.q)}\.(size\(-1\)|shape\[-1\])\)?( \*\* -0\.5)?", src.replace("1 / ", "")):
+                return None
+            raise Refused(f"the softmax scale `{src}` depends on the tensors; compute it in __init__ first")
+        if not names <= {"self", "math", "torch"}:
+            raise Refused(f"the softmax scale `{src}` uses local variables of forward; compute it in __init__ first")
+        for attr in ("scaling", "softmax_scale", "attn_scaling"):
+            existing = index.self_assign(cls, attr)
+            if existing is None:
+                init_adds.append((attr, src, "end"))
+                return f"self.{attr}"
+            if ast.dump(existing[1]) == ast.dump(ast.parse(src, mode="eval").body):
+                return f"self.{attr}"
+        raise Refused("no free attribute name for the softmax scale")
+
+    # ------------------------------------------------------------------ recognition
+
+    def _recognise(self, body: list[cst.BaseStatement]) -> _Plan:
+        for i, s in enumerate(body):
+            targets, value = cu.assign_of(s)
+            if value is None:
+                continue
+            if isinstance(value, cst.Call) and cu.short(cu.call_name(value)) in ({SDPA} | FLASH) and targets and len(targets) == 1:
+                return self._direct(i, targets[0], value)
+            qk = _qk(value)
+            if qk is not None and targets and len(targets) == 1:
+                return self._hand(body, i, targets[0], *qk)
+        raise Refused("no softmax(QK^T)V span or direct SDPA/flash call among the top-level statements of forward")
+
+    def _direct(self, i: int, out: str, call: cst.Call) -> _Plan:
+        name = cu.short(cu.call_name(call))
+        q, k, v = (cu.arg(call, n, kw) for n, kw in ((0, "query"), (1, "key"), (2, "value")))
+        if q is None or k is None or v is None:
+            raise Refused(f"{name}(...) without query, key and value arguments")
+        if name == SDPA:
+            mask = cu.arg(call, 3, "attn_mask")
+            dropout = cu.arg(call, 4, "dropout_p")
+            causal = cu.arg(call, 5, "is_causal")
+            scale = cu.arg(call, 99, "scale")
+            causal_true = isinstance(causal, cst.Name) and causal.value == "True"
+            if mask is None and not causal_true:
+                raise Refused("scaled_dot_product_attention without a mask and without is_causal=True is bidirectional attention")
+            if mask is not None and causal_true:
+                raise Refused("scaled_dot_product_attention with both a mask and is_causal=True")
+            layout, mask_src = "bhsd", (cu.code(mask) if mask is not None else "None")
+        else:
+            dropout = cu.arg(call, 3, "dropout_p")
+            scale = cu.arg(call, 4, "softmax_scale")
+            causal = cu.arg(call, 5, "causal")
+            if not (isinstance(causal, cst.Name) and causal.value == "True"):
+                raise Refused(f"{name}(...) without causal=True (bidirectional or windowed flash attention)")
+            layout, mask_src = "bshd", "None"
+        scale_src = cu.code(scale) if scale is not None and not (isinstance(scale, cst.Name) and scale.value == "None") else None
+        drop_src = cu.code(dropout) if dropout is not None else None
+        if drop_src is not None and re.fullmatch(r"0(\.0*)?", drop_src):
+            drop_src = None
+        elif drop_src is not None:
+            drop_src = re.sub(r"^\s*(.+?)\s+if\s+self\.training\s+else\s+0(\.0*)?\s*$", r"\1", drop_src)
+        return _Plan(i, i, cu.code(q), cu.code(k), cu.code(v), out, None, mask_src, scale_src, "expr" if scale_src else "default",
+                     drop_src, layout, f"the direct {name}(...) call")
+
+    def _hand(self, body, start: int, weights: str, q: str, k: str, scale) -> _Plan:
+        derived = {weights}
+        mask: str | None = None
+        scale_src, scale_kind = _scale_src(scale)
+        dropout = None
+        softmax = False
+        for j in range(start + 1, len(body)):
+            s = body[j]
+            targets, value = cu.assign_of(s)
+            if isinstance(s, cst.If):
+                mask = self._mask_if(s, derived, mask)
+                continue
+            if targets is None or len(targets) != 1 or value is None:
+                raise Refused(f"unrecognised step between QK^T and the value product: `{cu.code(s).strip()}`")
+            target = targets[0]
+            mm = _matmul(value)
+            if mm is not None and isinstance(mm[0], cst.Name) and mm[0].value in derived:
+                if not softmax:
+                    raise Refused("no softmax between QK^T and the value product")
+                if mask is None:
+                    raise Refused("the hand-written attention applies no mask; the interface would make it causal")
+                return _Plan(start, j, q, k, cu.code(mm[1]), target, weights, mask,
+                             scale_src, scale_kind, dropout, "bhsd", "softmax(QK^T)V written by hand")
+            step = _step(value, derived)
+            if step is None:
+                raise Refused(f"unrecognised step between QK^T and the value product: `{cu.code(s).strip()}`")
+            kind, detail = step
+            if kind == "softmax":
+                softmax = True
+            elif kind == "dropout":
+                dropout = detail
+            elif kind == "mask":
+                if mask is not None and mask != detail:
+                    raise Refused("two different masks are added")
+                mask = detail
+            elif kind in ("div", "mul"):
+                if scale_kind != "none":
+                    raise Refused("the scores are scaled twice")
+                scale_src, scale_kind = _scale_src((kind, detail))
+            derived.add(target)
+        raise Refused("no value product (W @ V) after the softmax")
+
+    def _mask_if(self, s: cst.If, derived: set[str], mask: str | None) -> str | None:
+        body = cu.body_of(s)
+        if body and all(isinstance(cu.simple(b), cst.Raise) for b in body) and s.orelse is None:
+            return mask  # a shape check
+        test = s.test
+        if not (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and len(test.comparisons) == 1
+                and isinstance(test.comparisons[0].operator, cst.IsNot) and cu.code(test.comparisons[0].comparator) == "None") or s.orelse is not None:
+            raise Refused(f"unrecognised condition between QK^T and the value product: `if {cu.code(test)}:`")
+        name = test.left.value
+        aliases = {name}
+        for b in body:
+            targets, value = cu.assign_of(b)
+            if targets is None or len(targets) != 1:
+                raise Refused(f"unrecognised step in the mask branch: `{cu.code(b).strip()}`")
+            base = _base_name(value)
+            if base in aliases and targets[0] not in derived:
+                aliases.add(targets[0])
+                continue
+            step = _step(value, derived)
+            if step is None or step[0] != "mask" or step[1] not in aliases:
+                raise Refused(f"unrecognised step in the mask branch: `{cu.code(b).strip()}`")
+            derived.add(targets[0])
+        if mask is not None and mask != name:
+            raise Refused("two different masks are added")
+        return name
+
+    # ------------------------------------------------------------------ helpers
+
+    def _eager_name(self, module: cst.Module) -> str:
+        for s in module.body:
+            if isinstance(s, cst.FunctionDef) and s.name.value == "eager_attention_forward":
+                params = cu.param_names(s)
+                return "eager_attention_forward" if len(params) >= 5 else "_eager_attention_forward_port"
+        return "eager_attention_forward"
+
+    def _select_directly(self, state, ported: set[str]) -> None:
+        """``ATTENTION_CLASSES[config._attn_implementation](config)`` -> the eager class: vLLM sets
+        ``_attn_implementation = "vllm"``, which no such table has."""
+        for file in list(state.files):
+            module = parse(state, file)
+            tables: dict[str, str] = {}
+            for s in module.body:
+                targets, value = cu.assign_of(s)
+                if targets and len(targets) == 1 and isinstance(value, cst.Dict) and value.elements:
+                    entries = {}
+                    for el in value.elements:
+                        if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and isinstance(el.value, cst.Name):
+                            entries[el.key.evaluated_value] = el.value.value
+                    if entries and set(entries.values()) & ported and len(entries) == len(value.elements):
+                        tables[targets[0]] = entries.get("eager") or next(iter(entries.values()))
+            if not tables:
+                continue
+            changed: list[tuple[str, str]] = []
+
+            def swap(node):
+                if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in tables and "_attn_implementation" in cu.code(node.slice[0]):
+                    changed.append((node.value.value, tables[node.value.value]))
+                    return cst.Name(tables[node.value.value])
+                return None
+
+            module = cu.replace_nodes(module, swap)
+            if changed:
+                save(state, file, module)
+                for table, cls in sorted(set(changed)):
+                    state.change("HFC801", file, table, f"builds {cls} directly instead of looking it up in {table}[config._attn_implementation]",
+                                 f"vLLM sets _attn_implementation='vllm', which is not a key of {table}; every backend now goes through the interface")
+
+
+# ---------------------------------------------------------------------- expression patterns
+
+
+def _matmul(e: cst.BaseExpression):
+    if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.MatrixMultiply):
+        return e.left, e.right
+    if isinstance(e, cst.Call) and cu.short(cu.call_name(e)) in ("matmul", "bmm"):
+        positional = [a.value for a in e.args if a.keyword is None and not a.star]
+        head = (cu.dotted(e.func) or "").split(".")[0]
+        if len(positional) == 2 and head in ("torch", "th"):
+            return positional[0], positional[1]
+        if len(positional) == 1 and isinstance(e.func, cst.Attribute):
+            return e.func.value, positional[0]
+    return None
+
+
+_LAST_TWO = {("2", "3"), ("3", "2"), ("-1", "-2"), ("-2", "-1")}
+
+
+def _transposed(e: cst.BaseExpression) -> str | None:
+    while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "contiguous":
+        e = e.func.value
+    if isinstance(e, cst.Attribute) and e.attr.value == "mT" and isinstance(e.value, cst.Name):
+        return e.value.value
+    if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and isinstance(e.func.value, cst.Name):
+        args = tuple(cu.code(a.value).replace(" ", "") for a in e.args)
+        if e.func.attr.value == "transpose" and args in _LAST_TWO:
+            return e.func.value.value
+        if e.func.attr.value == "permute" and args == ("0", "1", "3", "2"):
+            return e.func.value.value
+    return None
+
+
+def _qk(value: cst.BaseExpression):
+    scale = None
+    mm = _matmul(value)
+    if mm is None and isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Divide, cst.Multiply)):
+        kind = "div" if isinstance(value.operator, cst.Divide) else "mul"
+        mm, other = _matmul(value.left), value.right
+        if mm is None and kind == "mul":
+            mm, other = _matmul(value.right), value.left
+        if mm is None:
+            return None
+        scale = (kind, other)
+    if mm is None or not isinstance(mm[0], cst.Name):
+        return None
+    k = _transposed(mm[1])
+    if k is None:
+        return None
+    return mm[0].value, k, scale
+
+
+def _scale_src(scale) -> tuple[str | None, str]:
+    """(source of the multiplier, kind): kind "none" (no scale), "expr"."""
+    if scale is None:
+        return None, "none"
+    kind, node = scale
+    if kind == "mul":
+        return cu.code(node), "expr"
+    if isinstance(node, cst.Call) and cu.short(cu.call_name(node)) == "sqrt" and len(node.args) == 1:
+        inner = node.args[0].value
+        text = cu.code(inner)
+        if not isinstance(inner, (cst.Name, cst.Attribute, cst.Integer, cst.Float)):
+            text = f"({text})"
+        return f"{text}**-0.5", "expr"
+    text = cu.code(node)
+    if not isinstance(node, (cst.Name, cst.Attribute, cst.Integer, cst.Float)):
+        text = f"({text})"
+    return f"1 / {text}", "expr"
+
+
+def _unwrap_casts(e: cst.BaseExpression) -> cst.BaseExpression:
+    while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in CASTS:
+        e = e.func.value
+    return e
+
+
+def _base_name(e) -> str | None:
+    while isinstance(e, cst.Subscript):
+        e = e.value
+    return e.value if isinstance(e, cst.Name) else None
+
+
+def _step(value: cst.BaseExpression, derived: set[str]):
+    """Classify one assignment of the score tensor: (kind, detail) or None."""
+    e = _unwrap_casts(value)
+    if isinstance(e, cst.Name) and e.value in derived:
+        return "cast", None
+    if isinstance(e, cst.Call):
+        name = cu.short(cu.call_name(e))
+        positional = [a.value for a in e.args if a.keyword is None and not a.star]
+        receiver = e.func.value if isinstance(e.func, cst.Attribute) else None
+        first = positional[0] if positional else None
+        subject = first if (first is not None and isinstance(first, cst.Name) and first.value in derived) else receiver
+        if not (isinstance(subject, cst.Name) and subject.value in derived):
+            return None
+        if name == "softmax":
+            dim = cu.arg(e, 1 if subject is first else 0, "dim")
+            if dim is not None and cu.code(dim).replace(" ", "") not in ("-1", "3"):
+                return None
+            return "softmax", None
+        if name == "dropout":
+            if cu.is_self_attr(e.func):  # self.attn_dropout(W): an nn.Dropout module
+                return "dropout", f"{cu.code(e.func)}.p"
+            p = cu.arg(e, 1, "p")
+            training = cu.arg(e, 2, "training")
+            p_src = cu.code(p) if p is not None else "0.5"
+            if training is None and not re.fullmatch(r"0(\.0*)?", p_src):
+                return None
+            return "dropout", None if re.fullmatch(r"0(\.0*)?", p_src) else p_src
+        if cu.is_self_attr(e.func) and "drop" in e.func.attr.value.lower():
+            return "dropout", f"{cu.code(e.func)}.p"
+        return None
+    if isinstance(e, cst.BinaryOperation) and isinstance(e.left, cst.Name) and e.left.value in derived:
+        if derived & cu.names_in(e.right):
+            return None
+        if isinstance(e.operator, cst.Add):
+            base = _base_name(e.right)  # an additive mask; any other additive bias (ALiBi, ...) is refused
+            return ("mask", base) if base is not None and "mask" in base.lower() else None
+        if isinstance(e.operator, cst.Divide):
+            return "div", e.right
+        if isinstance(e.operator, cst.Multiply):
+            return "mul", e.right
+    return None
+
+
+def _drop_transpose(s: cst.BaseStatement, out: str) -> cst.BaseStatement | None:
+    """``s`` with its ``out.transpose(1, 2)`` replaced by ``out``, when that is the statement's
+    only use of ``out``; else None."""
+    targets, value = cu.assign_of(s)
+    if cu.count_name(value if value is not None else s, out) != 1:
+        return None
+    done = []
+
+    def swap(node):
+        if done or not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return None
+        if node.func.attr.value == "transpose" and isinstance(node.func.value, cst.Name) and node.func.value.value == out:
+            args = tuple(cu.code(a.value).replace(" ", "") for a in node.args)
+            if args in (("1", "2"), ("2", "1")):
+                done.append(True)
+                return cst.Name(out)
+        return None
+
+    new = cu.replace_nodes(s, swap)
+    return new if done else None

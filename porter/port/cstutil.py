@@ -1,0 +1,372 @@
+"""Small libcst helpers the codemods share: find and replace classes, methods and statements,
+edit signatures and imports, while leaving every untouched token (comments, blank lines,
+formatting) exactly as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import libcst as cst
+
+EMPTY = cst.Module([])
+
+
+def code(node: cst.CSTNode) -> str:
+    return EMPTY.code_for_node(node)
+
+
+def stmt(src: str) -> cst.BaseStatement:
+    return cst.parse_statement(src)
+
+
+def stmts(src: str) -> list[cst.BaseStatement]:
+    return list(cst.parse_module(src).body)
+
+
+def expr(src: str) -> cst.BaseExpression:
+    return cst.parse_expression(src)
+
+
+def dotted(node: cst.CSTNode | None) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))
+
+
+def call_name(node: cst.CSTNode) -> str:
+    """``torch.nn.functional.softmax`` for ``torch.nn.functional.softmax(...)``; the method
+    name for ``x.softmax(...)``; "" otherwise."""
+    if isinstance(node, cst.Call):
+        name = dotted(node.func)
+        if name:
+            return name
+        if isinstance(node.func, cst.Attribute):
+            return node.func.attr.value
+    return ""
+
+
+def short(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+def is_self_attr(node: cst.CSTNode, attr: str | None = None) -> bool:
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" and (attr is None or node.attr.value == attr)
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    out: set[str] = set()
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            if n.value not in ("True", "False", "None"):
+                out.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False  # the attribute name itself is not a variable
+
+        def visit_Arg(self, n: cst.Arg) -> bool:
+            n.value.visit(self)
+            return False  # nor is a keyword
+
+    node.visit(V())
+    return out
+
+
+def count_name(node: cst.CSTNode, name: str) -> int:
+    count = 0
+
+    class V(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            nonlocal count
+            if n.value == name:
+                count += 1
+
+        def visit_Attribute(self, n: cst.Attribute) -> bool:
+            n.value.visit(self)
+            return False
+
+        def visit_ImportAlias(self, n: cst.ImportAlias) -> bool:
+            return False
+
+    node.visit(V())
+    return count
+
+
+def find_calls(node: cst.CSTNode, predicate: Callable[[cst.Call], bool]) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class V(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:
+            if predicate(n):
+                found.append(n)
+
+    node.visit(V())
+    return found
+
+
+def replace_nodes(node: cst.CSTNode, mapping: Callable[[cst.CSTNode], cst.CSTNode | None]):
+    """Rebuild ``node`` with every sub-node for which ``mapping`` returns a node replaced."""
+
+    class T(cst.CSTTransformer):
+        def on_leave(self, original, updated):
+            new = mapping(updated)
+            return updated if new is None else new
+
+    return node.visit(T())
+
+
+# ------------------------------------------------------------------ statements
+
+
+def simple(s: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    """The single small statement of a one-statement line, else None."""
+    if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1:
+        return s.body[0]
+    return None
+
+
+def assign_of(s: cst.CSTNode) -> tuple[list[str] | None, cst.BaseExpression | None]:
+    """(target names, value) of ``a = v`` / ``a, b = v`` (None, None otherwise)."""
+    small = simple(s)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target = small.targets[0].target
+        if isinstance(target, cst.Name):
+            return [target.value], small.value
+        if isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e.value, cst.Name) for e in target.elements):
+            return [e.value.value for e in target.elements], small.value
+        return None, small.value
+    return None, None
+
+
+def self_assign_of(s: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]:
+    small = simple(s)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and is_self_attr(small.targets[0].target):
+        return small.targets[0].target.attr.value, small.value
+    return None, None
+
+
+def body_of(node: cst.FunctionDef | cst.ClassDef | cst.If | cst.For) -> list[cst.BaseStatement]:
+    body = node.body
+    return list(body.body) if isinstance(body, cst.IndentedBlock) else []
+
+
+def with_body(node, new_body: Iterable[cst.BaseStatement]):
+    return node.with_changes(body=node.body.with_changes(body=list(new_body)))
+
+
+def carry_leading(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseStatement:
+    """Keep the comment lines that sat above a removed statement."""
+    lines = getattr(old, "leading_lines", ())
+    if lines and hasattr(new, "leading_lines"):
+        return new.with_changes(leading_lines=list(lines) + list(new.leading_lines))
+    return new
+
+
+# ------------------------------------------------------------------ classes and methods
+
+
+def top_class(module: cst.Module, name: str) -> cst.ClassDef | None:
+    for s in module.body:
+        if isinstance(s, cst.ClassDef) and s.name.value == name:
+            return s
+    return None
+
+
+def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]) -> cst.Module:
+    body = []
+    for s in module.body:
+        if s is old:
+            body.extend(new if isinstance(new, list) else [new])
+        else:
+            body.append(s)
+    return module.with_changes(body=body)
+
+
+def method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
+    for s in body_of(cls):
+        if isinstance(s, cst.FunctionDef) and s.name.value == name:
+            return s
+    return None
+
+
+def replace_in_body(node, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]):
+    body = []
+    for s in body_of(node):
+        if s is old:
+            body.extend(new if isinstance(new, list) else [new])
+        else:
+            body.append(s)
+    return with_body(node, body)
+
+
+def edit_class(module: cst.Module, name: str, fn: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
+    cls = top_class(module, name)
+    if cls is None:
+        return module
+    return replace_top(module, cls, fn(cls))
+
+
+def edit_method(cls: cst.ClassDef, name: str, fn: Callable[[cst.FunctionDef], cst.FunctionDef]) -> cst.ClassDef:
+    m = method(cls, name)
+    if m is None:
+        return cls
+    return replace_in_body(cls, m, fn(m))
+
+
+# ------------------------------------------------------------------ signatures
+
+
+def param_names(func: cst.FunctionDef) -> list[str]:
+    p = func.params
+    return [x.name.value for x in (*p.posonly_params, *p.params, *p.kwonly_params)]
+
+
+def star_kwargs(func: cst.FunctionDef) -> str | None:
+    sk = func.params.star_kwarg
+    return sk.name.value if isinstance(sk, cst.Param) else None
+
+
+def add_star_kwargs(func: cst.FunctionDef, name: str = "kwargs") -> cst.FunctionDef:
+    if star_kwargs(func):
+        return func
+    params = func.params
+    new = cst.Param(cst.Name(name), star="**")
+    return func.with_changes(params=params.with_changes(star_kwarg=new))
+
+
+def add_param(func: cst.FunctionDef, name: str, default: str | None = None) -> cst.FunctionDef:
+    """Append a positional-or-keyword parameter (before ``*args`` / keyword-only / ``**kwargs``)."""
+    if name in param_names(func):
+        return func
+    params = func.params
+    plist = list(params.params)
+    if default is None and any(p.default is not None for p in plist):
+        default = "None"
+    param = cst.Param(cst.Name(name), default=expr(default) if default is not None else None,
+                      equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")) if default is not None else cst.MaybeSentinel.DEFAULT)
+    if plist:
+        last = plist[-1]
+        if last.comma is cst.MaybeSentinel.DEFAULT or last.comma is None:
+            plist[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        trailing = last.comma if isinstance(last.comma, cst.Comma) else cst.MaybeSentinel.DEFAULT
+        more_after = bool(params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg) or bool(params.kwonly_params) or bool(params.star_kwarg)
+        param = param.with_changes(comma=trailing if (isinstance(trailing, cst.Comma) and (more_after or _multiline_comma(trailing))) else cst.MaybeSentinel.DEFAULT)
+    plist.append(param)
+    return func.with_changes(params=params.with_changes(params=plist))
+
+
+def _multiline_comma(comma: cst.Comma) -> bool:
+    return isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace)
+
+
+def add_star_kwargs_arg(call: cst.Call, name: str = "kwargs") -> cst.Call:
+    if any(a.star == "**" for a in call.args):
+        return call
+    args = list(call.args)
+    new = cst.Arg(cst.Name(name), star="**")
+    if args:
+        last = args[-1]
+        if isinstance(last.comma, cst.Comma):
+            new = new.with_changes(comma=last.comma) if _multiline_comma(last.comma) else new
+            if not _multiline_comma(last.comma):
+                args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        else:
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    args.append(new)
+    return call.with_changes(args=args)
+
+
+def add_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
+    if any(a.keyword is not None and a.keyword.value == name for a in call.args):
+        return call
+    args = list(call.args)
+    new = cst.Arg(expr(value), keyword=cst.Name(name), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+    star_at = next((i for i, a in enumerate(args) if a.star == "**"), len(args))
+    if args and star_at == len(args):
+        last = args[-1]
+        if not isinstance(last.comma, cst.Comma):
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        elif _multiline_comma(last.comma):
+            new = new.with_changes(comma=last.comma)
+    else:
+        new = new.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    args.insert(star_at, new)
+    return call.with_changes(args=args)
+
+
+def arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
+    for a in call.args:
+        if a.keyword is not None and a.keyword.value == keyword:
+            return a.value
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    return positional[position].value if position < len(positional) else None
+
+
+# ------------------------------------------------------------------ imports
+
+
+def _is_import_line(s: cst.CSTNode) -> bool:
+    small = simple(s)
+    return isinstance(small, (cst.Import, cst.ImportFrom))
+
+
+def bound_names(module: cst.Module) -> set[str]:
+    """Names bound at module level by imports, defs, classes and assignments."""
+    out: set[str] = set()
+
+    def visit(body):
+        for s in body:
+            if isinstance(s, (cst.FunctionDef, cst.ClassDef)):
+                out.add(s.name.value)
+            elif isinstance(s, cst.SimpleStatementLine):
+                for small in s.body:
+                    if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                        for alias in small.names:
+                            if alias.asname is not None:
+                                out.add(alias.asname.name.value)
+                            else:
+                                out.add((dotted(alias.name) or "").split(".")[0])
+                    elif isinstance(small, cst.Assign):
+                        for t in small.targets:
+                            if isinstance(t.target, cst.Name):
+                                out.add(t.target.value)
+            elif isinstance(s, (cst.If, cst.Try)):
+                visit(body_of(s))
+
+    visit(module.body)
+    return out
+
+
+def ensure_import(module: cst.Module, line: str, binds: str) -> cst.Module:
+    """Add ``line`` to the file's first block of imports (after its last absolute import)
+    unless ``binds`` is already bound."""
+    if binds in bound_names(module):
+        return module
+    new = stmt(line)
+    body = list(module.body)
+    i = 1 if body and _is_docstring(body[0]) else 0
+    start = i
+    while i < len(body) and _is_import_line(body[i]):
+        i += 1
+    block = range(start, i)
+    absolute = [j for j in block if not (isinstance(simple(body[j]), cst.ImportFrom) and simple(body[j]).relative)]
+    at = absolute[-1] + 1 if absolute else i
+    body.insert(at, new)
+    return module.with_changes(body=body)
+
+
+def _is_docstring(s: cst.CSTNode) -> bool:
+    small = simple(s)
+    return isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+
+
+def insert_before_class(module: cst.Module, class_name: str, new: list[cst.BaseStatement]) -> cst.Module:
+    body = list(module.body)
+    at = next((i for i, s in enumerate(body) if isinstance(s, cst.ClassDef) and s.name.value == class_name), len(body))
+    return module.with_changes(body=body[:at] + new + body[at:])
