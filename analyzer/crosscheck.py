@@ -284,15 +284,10 @@ def _registry(api: SimpleNamespace, analysis: "Analysis", report: dict[str, Any]
 @contextmanager
 def _vllm_attention(model: Any) -> Iterator[None]:
     """Switch configs patched with hfcheck's stand-in attention to vLLM's "vllm", then back."""
-    from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION
+    from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, module_configs
 
     switched = []
-    seen: set[int] = set()
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is None or id(config) in seen:
-            continue
-        seen.add(id(config))
+    for config in module_configs(model):
         if getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION:
             try:
                 config._attn_implementation = "vllm"

@@ -109,10 +109,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.sweep.targets import TargetError
 
-    if args.jobs is not None and args.jobs < 1:
-        return _fail("--jobs must be at least 1")
-    if not args.timeout > 0:
-        return _fail("--timeout must be a positive number of seconds")
+    from hfcheck.analyzer.sweep.cli import pool_args_problem
+
+    if problem := pool_args_problem(args):
+        return _fail(problem)
     if args.limit < 1:
         return _fail("--limit must be at least 1")
     try:

@@ -126,6 +126,16 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:240] if text else ''}".strip(": ")
 
 
+def module_configs(model: nn.Module):
+    """Each distinct config object held by ``model``'s modules (composite models hold several)."""
+    seen: set[int] = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and id(config) not in seen:
+            seen.add(id(config))
+            yield config
+
+
 def text_config_of(config: Any) -> Any:
     """The decoder's text config (composite configs with several text configs: the decoder)."""
     try:

@@ -46,14 +46,21 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
+def pool_args_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with --jobs / --timeout (shared by every command that runs the pool)."""
+    if args.jobs is not None and args.jobs < 1:
+        return "--jobs must be at least 1"
+    if not args.timeout > 0:
+        return "--timeout must be a positive number of seconds"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.sweep.targets import TargetError, causal_lm_types, parse_refs, read_ref_file
 
-    if args.jobs is not None and args.jobs < 1:
-        return _fail("--jobs must be at least 1")
-    if not args.timeout > 0:
-        return _fail("--timeout must be a positive number of seconds")
+    if problem := pool_args_problem(args):
+        return _fail(problem)
     try:
         entries = list(args.refs)
         for path in args.from_file:

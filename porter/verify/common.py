@@ -156,13 +156,10 @@ def register_attention() -> None:
 
 
 def use_verify_attention(model: nn.Module) -> None:
+    from hfcheck.analyzer.instance import module_configs
+
     register_attention()
-    seen: set[int] = set()
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is None or id(config) in seen:
-            continue
-        seen.add(id(config))
+    for config in module_configs(model):
         configs = [config]
         if hasattr(config, "get_text_config"):
             configs.append(config.get_text_config())
