@@ -6,9 +6,8 @@ The activation must be a child *module* whose class maps (through transformers'
 
 from __future__ import annotations
 
+import ast
 import operator
-
-from torch import fx, nn
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.merged_column import MergedColumn
@@ -16,6 +15,7 @@ from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import find, is_linear, peel
 from hfcheck.analyzer.graph.tracer import Trace
 from hfcheck.analyzer.vocabulary import ACT_AND_MUL_KERNELS
+from torch import fx, nn
 
 
 def act_and_mul_name(act: nn.Module) -> str | None:
@@ -78,9 +78,9 @@ class GLU(Pattern):
             raise src.RewriteRefused("gate and up read inputs written differently")
         muls = [
             n
-            for n in src.ast.walk(funcdef)
-            if isinstance(n, src.ast.BinOp)
-            and isinstance(n.op, src.ast.Mult)
+            for n in ast.walk(funcdef)
+            if isinstance(n, ast.BinOp)
+            and isinstance(n.op, ast.Mult)
             and {id(n.left), id(n.right)} == {id(act_call), id(up_call)}
         ]
         if len(muls) != 1:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.qkv import linears_by_input
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.tracer import Trace
+from torch import nn
 
 
 class MergedColumn(Pattern):

@@ -5,15 +5,21 @@ attention. Validates only when the model uses MLA (``kv_lora_rank`` in the confi
 
 from __future__ import annotations
 
+import ast
 import inspect
 import textwrap
 
-from torch import fx, nn
-
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
-from hfcheck.analyzer.graph.nodes import child, downstream_linear, is_linear, returned_linear, upstream_linear
+from hfcheck.analyzer.graph.nodes import (
+    child,
+    downstream_linear,
+    is_linear,
+    returned_linear,
+    upstream_linear,
+)
 from hfcheck.analyzer.graph.tracer import Trace
+from torch import fx, nn
 
 
 def _reads_input(node: fx.Node) -> bool:
@@ -90,18 +96,18 @@ class MLA(Pattern):
             if code is None or code.co_argcount != 3 or kv_b not in code.co_names:
                 return False
             try:
-                tree = src.ast.parse(textwrap.dedent(inspect.getsource(method)))
+                tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
             except (OSError, TypeError):
                 return False
-            returns = [n for n in src.ast.walk(tree) if isinstance(n, src.ast.Return)]
-            return bool(returns) and all(isinstance(r.value, src.ast.Tuple) and len(r.value.elts) == 2 for r in returns)
+            returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
+            return bool(returns) and all(isinstance(r.value, ast.Tuple) and len(r.value.elts) == 2 for r in returns)
 
         expansions = [
             n
-            for n in src.ast.walk(funcdef)
-            if isinstance(n, src.ast.Call)
-            and isinstance(n.func, src.ast.Attribute)
-            and isinstance(n.func.value, src.ast.Name)
+            for n in ast.walk(funcdef)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and isinstance(n.func.value, ast.Name)
             and n.func.value.id == "self"
             and len(n.args) == 2
             and not n.keywords

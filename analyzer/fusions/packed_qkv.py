@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from torch import fx, nn
+import ast
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import is_method, returned_linear, upstream_linear
 from hfcheck.analyzer.graph.tracer import Trace
+from torch import fx, nn
 
 
 def _split_sizes(node: fx.Node) -> tuple[int, int] | None:
@@ -49,14 +50,14 @@ class PackedQKV(Pattern):
         (name,) = match.projections
         splits = [
             n
-            for n in src.ast.walk(funcdef)
-            if isinstance(n, src.ast.Call)
-            and isinstance(n.func, src.ast.Attribute)
+            for n in ast.walk(funcdef)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
             and n.func.attr == "split"
             and n.args
-            and isinstance(n.args[0], (src.ast.Tuple, src.ast.List))
+            and isinstance(n.args[0], (ast.Tuple, ast.List))
             and len(n.args[0].elts) == 3
-            and any(isinstance(i, src.ast.Attribute) and i.attr == name for i in src.ast.walk(n.func.value))
+            and any(isinstance(i, ast.Attribute) and i.attr == name for i in ast.walk(n.func.value))
         ]
         if len(splits) != 1:
             raise src.RewriteRefused(f"self.{name} has {len(splits)} three-way splits in the source (needs exactly one)")

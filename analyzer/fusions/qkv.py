@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from torch import fx, nn
+import ast
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
-from hfcheck.analyzer.graph.nodes import child, is_linear, reads_forward_input, returned_linear
+from hfcheck.analyzer.graph.nodes import (
+    child,
+    is_linear,
+    reads_forward_input,
+    returned_linear,
+)
 from hfcheck.analyzer.graph.tracer import Trace
+from torch import fx, nn
 
 
 def linears_by_input(graph: fx.Graph, module: nn.Module) -> dict[fx.Node, list[fx.Node]]:
@@ -52,14 +58,14 @@ class QKV(Pattern):
         calls = [src.single_call(funcdef, name) for name in match.projections]
         if not src.same_input(calls):
             raise src.RewriteRefused("q/k/v projections read inputs written differently")
-        dumps = {src.ast.dump(c.args[0]) for c in calls}
+        dumps = {ast.dump(c.args[0]) for c in calls}
         others = {n for n, c in module.named_children() if isinstance(c, nn.Linear)} - set(match.projections)
-        for node in src.ast.walk(funcdef):
+        for node in ast.walk(funcdef):
             if (
-                isinstance(node, src.ast.Call)
-                and isinstance(node.func, src.ast.Attribute)
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
                 and node.func.attr in others
-                and any(src.ast.dump(a) in dumps for a in node.args)
+                and any(ast.dump(a) in dumps for a in node.args)
             ):
                 raise src.RewriteRefused(f"another linear (self.{node.func.attr}) reads the same input")
         block, indices = src.common_block(funcdef, calls)

@@ -6,13 +6,12 @@ name ends in ``RMSNorm`` that does not match is left unfused by vLLM with a warn
 
 from __future__ import annotations
 
-from torch import fx, nn
+import inspect
 
 from hfcheck.analyzer.fusions.base import Match, Pattern
 from hfcheck.analyzer.graph.nodes import find, is_op, operand, output_value, peel
 from hfcheck.analyzer.graph.tracer import Trace, forward_parameters
-
-import inspect
+from torch import fx, nn
 
 _FIXED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
