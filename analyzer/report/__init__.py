@@ -41,7 +41,8 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     findings = run_rules(analysis)
     facts, obs, source = analysis.facts, analysis.observations, analysis.source
     verdict, score = verdict_of(findings), score_of(findings)
-    working = [s for s in V.TP_SIZES if not tp_refusals(analysis, s)]
+    refusals = {size: tp_refusals(analysis, size) for size in V.TP_SIZES}
+    working = [s for s in V.TP_SIZES if not refusals[s]]
     mem = estimate(analysis)
     blockers = [f for f in findings if f.status == "fail" and f.impact == "blocker"]
     layer_attention = obs.attention_by_layer if obs else {}
@@ -79,7 +80,9 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
         )
     tp_plan = None
     if obs is not None:
-        tp_plan = {"source": "declared", "entries": obs.tp_plan} if obs.tp_plan else ({"source": "inferred", "entries": inferred_plan(obs)} if inferred_plan(obs) else None)
+        inferred = {} if obs.tp_plan else inferred_plan(obs)
+        if obs.tp_plan or inferred:
+            tp_plan = {"source": "declared", "entries": obs.tp_plan} if obs.tp_plan else {"source": "inferred", "entries": inferred}
     pp_supported = bool(obs and (obs.pp_plan or len(obs.decoder_module_lists) == 1))
     ep_supported = bool(obs and facts.is_moe and obs.moe_blocks and all(b.experts_replaceable for _, b in obs.moe_blocks))
     tp, pp = suggested_parallelism(mem, working, pp_supported)
@@ -111,7 +114,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
             "tp": {
                 "plan": tp_plan,
                 "sizes": {str(s): s in working for s in V.TP_SIZES},
-                "refusals": {str(s): tp_refusals(analysis, s) for s in V.TP_SIZES if s not in working},
+                "refusals": {str(s): refusals[s] for s in V.TP_SIZES if refusals[s]},
             },
             "pp": {"supported": pp_supported, "plan": (list(obs.pp_plan) if obs and obs.pp_plan else (obs.decoder_module_lists if obs else None))},
             "ep": {"supported": ep_supported},
