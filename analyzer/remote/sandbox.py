@@ -33,22 +33,18 @@ import json
 import os
 import pickle
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hfcheck.analyzer.isolation import private_root, run_child
+from hfcheck.analyzer.isolation.fence import install as install_fence
 
 DEFAULT_TIMEOUT_S = 120.0
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 MAX_SKELETON_ENTRIES = 200_000
 RESULT_NAME = "result.pkl"
-
-_KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "SYSTEMROOT", "TZ")
 
 
 # --------------------------------------------------------------------------- parent side
@@ -79,27 +75,6 @@ class SandboxResult:
         return bool(entry.get("supports_attention_backend") or entry.get("source_gate"))
 
 
-def _child_env(root: Path) -> dict[str, str]:
-    env = {k: os.environ[k] for k in _KEEP_ENV if k in os.environ}
-    env.update(
-        HOME=str(root / "home"),
-        TMPDIR=str(root / "tmp"),
-        HF_HOME=str(root / "hf_home"),
-        HF_MODULES_CACHE=str(root / "modules"),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        PYTHONDONTWRITEBYTECODE="1",
-        PYTHONHASHSEED="0",
-        CUDA_VISIBLE_DEVICES="",
-        OMP_NUM_THREADS="1",
-        NO_PROXY="*",
-    )
-    return env
-
-
 def _write_model(source, folder: Path) -> None:
     from hfcheck.analyzer.sources.code_files import unsafe_name_reason
 
@@ -114,70 +89,24 @@ def _write_model(source, folder: Path) -> None:
         path.write_text(text, encoding="utf-8")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, AttributeError):
-        try:
-            proc.kill()
-        except ProcessLookupError:
-            pass
-
-
 def run_sandboxed(source, timeout: float = DEFAULT_TIMEOUT_S) -> SandboxResult:
     """Build and observe the remote model of ``source`` in a fenced child process."""
-    start = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="hfcheck-sandbox-")).resolve()
-    try:
-        for sub in ("home", "tmp", "hf_home", "modules", "work"):
-            (root / sub).mkdir()
+    with private_root("hfcheck-sandbox-") as root:
         try:
             _write_model(source, root / "model")
         except (ValueError, OSError) as exc:
             return SandboxResult(False, f"cannot stage the remote code: {exc}", False, 0.0)
         bootstrap = "from hfcheck.analyzer.remote.sandbox import child_main; child_main()"
-        stderr_path = root / "stderr.txt"
-        with open(stderr_path, "wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", bootstrap, str(root)],
-                cwd=root / "work",
-                env=_child_env(root),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                start_new_session=True,
-                close_fds=True,
-            )
-            timed_out = False
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                _kill_group(proc)  # also ends anything the child left behind in its group
-                proc.wait()
-        seconds = time.monotonic() - start
-        tail = _tail(stderr_path)
+        run = run_child([sys.executable, "-I", "-c", bootstrap, str(root)], root, timeout=timeout)
         payload = _read_result(root / RESULT_NAME)
-        if timed_out:
+        if run.timed_out:
             blocked = list(payload.get("blocked", [])) if isinstance(payload, dict) else []
-            return SandboxResult(False, f"the remote code did not finish within {timeout:g} s (killed)", True, seconds, blocked, stderr_tail=tail)
+            return SandboxResult(False, f"the remote code did not finish within {timeout:g} s (killed)", True, run.seconds, blocked,
+                                 stderr_tail=run.stderr_tail)
         if not isinstance(payload, dict):
-            reason = payload if isinstance(payload, str) else f"the sandboxed process exited with status {proc.returncode} and no result"
-            return SandboxResult(False, reason, False, seconds, stderr_tail=tail)
-        return _result_from(payload, seconds, tail)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _tail(path: Path, limit: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
+            reason = payload if isinstance(payload, str) else f"the sandboxed process exited with status {run.returncode} and no result"
+            return SandboxResult(False, reason, False, run.seconds, stderr_tail=run.stderr_tail)
+        return _result_from(payload, run.seconds, run.stderr_tail)
 
 
 class _ResultUnpickler(pickle.Unpickler):
@@ -373,106 +302,9 @@ def _instance_from(payload: dict):
 # --------------------------------------------------------------------------- child side
 
 
-_NET_EVENTS = ("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
-               "socket.sendto", "socket.sendmsg", "socket.getnameinfo", "urllib.Request", "http.client.connect", "ftplib.connect", "smtplib.connect")
-_PROC_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn", "os.startfile", "ctypes.call_function")
-_PATH_EVENTS = {  # event -> indices of path arguments
-    "os.remove": (0,), "os.rename": (0, 1), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
-    "os.link": (0, 1), "os.symlink": (0, 1), "os.truncate": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,),
-    "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.rmtree": (0,), "shutil.move": (0, 1), "shutil.chown": (0,),
-    "shutil.copymode": (1,), "shutil.copystat": (1,), "shutil.make_archive": (0,), "shutil.unpack_archive": (1,),
-}
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-
-
-class _Fence:
-    def __init__(self, root: Path):
-        self.root = str(root)
-        self.strict = False
-        self.blocked: list[str] = []
-        self.pid = os.getpid()
-
-    def inside(self, path) -> bool:
-        if isinstance(path, int):
-            return True  # an already open descriptor
-        try:
-            real = os.path.realpath(os.fsdecode(path))
-        except (TypeError, ValueError):
-            return False
-        return real == self.root or real.startswith(self.root + os.sep) or real == os.devnull
-
-    def refuse(self, what: str):
-        if len(self.blocked) < 100:
-            self.blocked.append(what)
-        raise PermissionError(f"hfcheck sandbox: {what} is not allowed")
-
-    def hook(self, event: str, args: tuple) -> None:
-        if event.startswith(_NET_EVENTS):
-            self.refuse(f"network: {event}{_short(args)}")
-        if not self.strict:
-            return
-        if event == "open":
-            path, mode, flags = (list(args) + [None, None, None])[:3]
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS)
-            if writing and not self.inside(path):
-                self.refuse(f"write outside the sandbox: {os.fsdecode(path) if isinstance(path, (str, bytes)) else path!r}")
-        elif event in _PATH_EVENTS:
-            for i in _PATH_EVENTS[event]:
-                if i < len(args) and args[i] is not None and not self.inside(args[i]):
-                    self.refuse(f"{event} outside the sandbox: {args[i]!r}"[:300])
-        elif event.startswith(_PROC_EVENTS):
-            self.refuse(f"process: {event}{_short(args)}")
-        elif event in ("os.kill", "os.killpg", "signal.pthread_kill"):
-            target = args[0] if args else None
-            if target not in (self.pid, 0):
-                self.refuse(f"{event} {target!r}")
-
-
-def _short(args: tuple) -> str:
-    text = repr(args)
-    return f" {text[:160]}"
-
-
-def _block_sockets(fence: _Fence) -> None:
-    import _socket
-    import socket
-
-    def refused(*args, **kwargs):
-        fence.refuse(f"network: socket{_short(args)}")
-
-    class BlockedSocket(socket.socket):
-        def __init__(self, *args, **kwargs):
-            fence.refuse(f"network: socket.socket{_short(args)}")
-
-    socket.socket = BlockedSocket  # type: ignore[misc]
-    socket.SocketType = BlockedSocket  # type: ignore[misc]
-    _socket.socket = BlockedSocket  # type: ignore[misc]
-    for name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "socketpair", "fromfd"):
-        if hasattr(socket, name):
-            setattr(socket, name, refused)
-
-
-def _limit_resources(timeout: float) -> None:
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        limit = int(timeout) + 30
-        if hard == resource.RLIM_INFINITY or hard > limit:
-            resource.setrlimit(resource.RLIMIT_CPU, (limit, limit if hard == resource.RLIM_INFINITY else hard))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (512 * 1024 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-    except Exception:
-        pass
-
-
 def child_main() -> None:  # pragma: no cover - runs in the child process (covered by tests through run_sandboxed)
     root = Path(sys.argv[-1]).resolve()
-    sys.dont_write_bytecode = True
-    _limit_resources(DEFAULT_TIMEOUT_S * 5)
-    fence = _Fence(root)
-    sys.addaudithook(fence.hook)
-    _block_sockets(fence)
+    fence = install_fence(root, DEFAULT_TIMEOUT_S * 5)
     out = root / RESULT_NAME
     payload: dict[str, Any] = {"error": None, "blocked": fence.blocked}
     try:

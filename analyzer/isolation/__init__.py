@@ -1,0 +1,7 @@
+"""Isolated child processes: ``process.run_child`` starts and reaps them, ``fence`` is what
+the child raises around itself before untrusted code runs. One implementation of each, shared
+by the remote-code sandbox, the port's reference run and the port's proof."""
+
+from hfcheck.analyzer.isolation.process import ChildRun, child_env, kill_group, private_root, run_child, tail
+
+__all__ = ["ChildRun", "child_env", "kill_group", "private_root", "run_child", "tail"]

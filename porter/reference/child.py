@@ -1,0 +1,385 @@
+"""The reference run: the original remote code, executed in its own transformers release.
+
+Runs as ``<reference env python> -I child.py ROOT`` (standard library, torch and that
+environment's transformers only: hfcheck is not installed there). Before any remote code is
+imported it loads hfcheck's fence by path (``job["fence"]``) and raises it: no network, no
+processes, no writes outside ROOT.
+
+It reads ``ROOT/job.json`` and writes ``ROOT/result.json`` (observations) and
+``ROOT/tensors.safetensors`` (or ``tensors.pt``):
+
+- builds the original model from the staged package (``ROOT/orig/<package>``) with the job's
+  config at float32, fills every parameter with seeded random values (or, in ``checkpoint``
+  mode, with the real tensors of a checkpoint, truncated to the first layers and vocabulary
+  rows the job names), and saves that state dict;
+- records the module tree (classes, parameter and buffer shapes, scalar attributes such as
+  ``eps``, small buffers such as ``inv_freq``), the order in which modules are called, and the
+  source lines of the remote code that the forward pass executed;
+- runs a forward pass on the job's token ids (logits and each decoder layer's output), and a
+  short greedy ``generate`` with the original's own cache;
+- optionally builds the full-size model on the meta device to report the real shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+PACKAGE = "hfcheck_ref_original"
+
+
+def _load_fence(path: str):
+    spec = importlib.util.spec_from_file_location("hfcheck_fence", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0][:300] if text else ""
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
+def _remote_frame(exc: BaseException, package_dir: str) -> dict | None:
+    """The innermost frame of the traceback that is in the remote code: file and line."""
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith(package_dir):
+            found = {"file": os.path.relpath(frame.filename, package_dir), "line": frame.lineno, "code": (frame.line or "")[:200]}
+    return found
+
+
+def _scalars(module) -> dict:
+    out = {}
+    for key, value in vars(module).items():
+        if key.startswith("_") or key == "training":
+            continue
+        if isinstance(value, bool) or isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            if isinstance(value, str) and len(value) > 80:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                value = str(value)
+            out[key] = value
+        elif isinstance(value, (tuple, list)) and len(value) <= 8 and all(isinstance(v, (int, float)) for v in value):
+            out[key] = list(value)
+    return out
+
+
+def describe_modules(model, torch) -> list[dict]:
+    entries = []
+    for name, module in model.named_modules():
+        params = {n: list(p.shape) for n, p in module.named_parameters(recurse=False)}
+        buffers = {}
+        small = {}
+        persistent = set(getattr(module, "_buffers", {})) - set(getattr(module, "_non_persistent_buffers_set", set()))
+        for n, b in module.named_buffers(recurse=False):
+            if b is None:
+                continue
+            buffers[n] = list(b.shape)
+            if b.dim() == 1 and b.numel() <= 4096 and b.is_floating_point() and b.device.type != "meta":
+                small[n] = [float(v) for v in b.detach().float().tolist()]
+        entry = {"name": name, "class": type(module).__name__, "module": type(module).__module__.replace(PACKAGE + ".", ""),
+                 "params": params, "buffers": buffers, "persistent": sorted(n for n in buffers if n in persistent),
+                 "small_buffers": small, "scalars": _scalars(module), "children": [n for n, _ in module.named_children()]}
+        if isinstance(module, torch.nn.Linear):
+            entry["linear"] = {"in": module.in_features, "out": module.out_features, "bias": module.bias is not None}
+        if isinstance(module, torch.nn.Embedding):
+            entry["embedding"] = {"num": module.num_embeddings, "dim": module.embedding_dim}
+        entries.append(entry)
+    return entries
+
+
+def _random_state(model, seed: int, torch) -> dict:
+    """Seeded random values for every floating-point parameter; a parameter shared by two
+    names (tied embeddings) gets one value under both."""
+    gen = torch.Generator().manual_seed(seed)
+    scales = {f"{m}.{n}" if m else n for m, module in model.named_modules() if not isinstance(module, torch.nn.Linear)
+              for n, p in module.named_parameters(recurse=False) if p.dim() == 1 and n in ("weight", "scale", "g", "gamma")}
+    by_id: dict = {}
+    values: dict = {}
+    for key, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in by_id:
+            values[key] = by_id[id(param)].clone()  # same value, its own storage (safetensors refuses shared memory)
+            continue
+        if not param.is_floating_point():
+            continue
+        noise = torch.randn(tuple(param.shape), generator=gen, dtype=torch.float32)
+        if key in scales:  # a norm's scale: around 1
+            value = 1.0 + 0.1 * noise
+        elif param.dim() == 1:
+            value = 0.02 * noise
+        else:
+            value = noise / math.sqrt(max(1, param.shape[-1]))
+        by_id[id(param)] = values[key] = value
+    return {key: (values[key] if key in values else tensor.clone()) for key, tensor in model.state_dict().items()}
+
+
+def _checkpoint_state(model, job, torch) -> dict:
+    """The real tensors of the checkpoint for every key of ``model``'s state dict, sliced to
+    the truncated model's shapes (first rows / first layers); missing keys keep their value."""
+    from safetensors import safe_open
+
+    folder = job["checkpoint"]["dir"]
+    index = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(folder, name), framework="pt") as f:
+                for key in f.keys():
+                    index[key] = name
+    state = {}
+    missing = []
+    for key, tensor in model.state_dict().items():
+        if key not in index:
+            missing.append(key)
+            state[key] = tensor.clone()
+            continue
+        with safe_open(os.path.join(folder, index[key]), framework="pt") as f:
+            real = f.get_slice(key)
+            shape = real.get_shape()
+            if list(shape) == list(tensor.shape):
+                value = f.get_tensor(key)
+            elif len(shape) == tensor.dim() and all(a >= b for a, b in zip(shape, tensor.shape)):
+                value = real[tuple(slice(0, n) for n in tensor.shape)]
+            else:
+                raise ValueError(f"checkpoint tensor {key} has shape {list(shape)}, the model wants {list(tensor.shape)}")
+        state[key] = value.to(torch.float32) if value.is_floating_point() else value
+    return state, missing
+
+
+def _decoder_layers(model, torch, num_layers: int):
+    best = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and num_layers > 0:
+            classes = {type(m).__name__ for m in module}
+            if len(classes) == 1 and (best is None or name.count(".") < best[0].count(".")):
+                best = (name, module)
+    return best
+
+
+def _output(out):
+    for name in ("logits",):
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out
+
+
+def _tracer(package_dir: str, lines: dict):
+    def local(frame, event, arg):
+        if event == "line":
+            lines.setdefault(frame.f_code.co_filename, set()).add(frame.f_lineno)
+        return local
+
+    def global_(frame, event, arg):
+        if frame.f_code.co_filename.startswith(package_dir):
+            lines.setdefault(frame.f_code.co_filename, set()).add(frame.f_lineno)
+            return local
+        return None
+
+    return global_
+
+
+def main() -> None:  # noqa: C901 - one linear script, stage by stage
+    root = os.path.realpath(sys.argv[-1])
+    with open(os.path.join(root, "job.json"), encoding="utf-8") as f:
+        job = json.load(f)
+    fence_mod = _load_fence(job["fence"])
+    fence = fence_mod.install(root, job.get("cpu_seconds", 600))
+    result = {"error": None, "stages": {}, "blocked": fence.blocked}
+    tensors = {}
+    stage = "importing torch and transformers"
+    package_dir = os.path.join(root, "orig", PACKAGE)
+    t_start = time.perf_counter()
+    try:
+        import torch
+        import transformers
+
+        torch.manual_seed(job.get("seed", 0))
+        torch.set_num_threads(max(1, int(job.get("threads", 1))))
+        result["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
+        sys.path.insert(0, os.path.join(root, "orig"))
+        fence.strict = True  # from here on, remote code runs
+
+        def local(ref: str):
+            body = ref.partition("--")[2] if "--" in ref else ref
+            module, _, cls = body.rpartition(".")
+            return module, cls
+
+        auto_map = job["auto_map"]
+        stage = "importing the remote code"
+        cfg_mod, cfg_name = local(auto_map["AutoConfig"])
+        cfg_cls = getattr(importlib.import_module(f"{PACKAGE}.{cfg_mod}"), cfg_name)
+        mod_name, cls_name = local(auto_map[job["model_key"]])
+        model_cls = getattr(importlib.import_module(f"{PACKAGE}.{mod_name}"), cls_name)
+        result["classes"] = {"config": f"{cfg_mod}.{cfg_name}", "model": f"{mod_name}.{cls_name}"}
+        if job.get("import_only"):
+            raise SystemExit(0)
+
+        if job.get("meta_config"):
+            stage = "building the full-size model on the meta device"
+            try:
+                meta_cfg = cfg_cls.from_dict(dict(job["meta_config"]))
+                with _empty_weights(torch):
+                    meta = model_cls(meta_cfg)
+                result["meta_params"] = {n: list(p.shape) for n, p in meta.named_parameters()}
+                result["meta_tied"] = _tied_pairs(meta)
+                del meta
+            except Exception as exc:  # noqa: BLE001 - reported, the proof goes on without it
+                result["meta_error"] = _first_line(exc)
+
+        stage = "building the original model"
+        cfg = cfg_cls.from_dict(dict(job["config"]))
+        for attr in ("_attn_implementation", "attn_implementation"):
+            if job.get("attn_implementation") and hasattr(cfg, attr):
+                try:
+                    setattr(cfg, attr, job["attn_implementation"])
+                except Exception:  # noqa: BLE001, S110 - read-only on some releases
+                    pass
+        model = model_cls(cfg).float().eval()
+        result["config_after"] = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool, type(None), list, dict))}
+        result["modules"] = describe_modules(model, torch)
+        result["tied"] = _tied_pairs(model)
+
+        if job["mode"] == "checkpoint":
+            stage = "loading the checkpoint tensors"
+            state, missing = _checkpoint_state(model, job, torch)
+            result["checkpoint_missing"] = missing
+        else:
+            stage = "filling random weights"
+            state = _random_state(model, int(job.get("seed", 0)), torch)
+        model.load_state_dict(state, strict=True)
+        for key, value in state.items():
+            tensors[f"state.{key}"] = value.contiguous()
+
+        ids = torch.tensor(job["input_ids"], dtype=torch.long)
+        layers = _decoder_layers(model, torch, int(job.get("num_layers", 0)))
+        hidden = {}
+        calls = []
+        hooks = []
+        if layers is not None:
+            result["layers_path"] = layers[0]
+            for i, layer in enumerate(layers[1]):
+                def keep(_m, _inp, out, i=i):
+                    value = out[0] if isinstance(out, (tuple, list)) else out
+                    if isinstance(value, torch.Tensor):
+                        hidden[i] = value.detach().clone()
+                hooks.append(layer.register_forward_hook(keep))
+        names = {id(m): n for n, m in model.named_modules()}
+
+        def record(module, inputs):
+            shapes = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+            calls.append({"name": names.get(id(module), "?"), "inputs": shapes})
+
+        hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(record))
+        stage = "running the original forward pass"
+        lines: dict = {}
+        tracer = _tracer(package_dir, lines)
+        t0 = time.perf_counter()
+        sys.settrace(tracer)
+        try:
+            with torch.no_grad():
+                try:
+                    out = model(input_ids=ids, use_cache=False)
+                except TypeError:
+                    out = model(input_ids=ids)
+        finally:
+            sys.settrace(None)
+            for h in hooks:
+                h.remove()
+        result["stages"]["forward_s"] = round(time.perf_counter() - t0, 3)
+        logits = _output(out)
+        tensors["logits"] = logits.detach().float().contiguous()
+        for i, value in hidden.items():
+            tensors[f"hidden.{i}"] = value.float().contiguous()
+        result["calls"] = calls[:5000]
+        result["executed_lines"] = {os.path.relpath(f, package_dir): sorted(v) for f, v in lines.items()}
+
+        if job.get("generate_tokens"):
+            stage = "generating with the original's cache"
+            try:
+                with torch.no_grad():
+                    gen = model.generate(ids[:1], max_new_tokens=int(job["generate_tokens"]), do_sample=False, num_beams=1,
+                                         pad_token_id=0, eos_token_id=None, use_cache=True)
+                result["generated"] = [int(t) for t in gen[0, ids.shape[1]:].tolist()]
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                result["generate_error"] = _first_line(exc)
+                where = _remote_frame(exc, package_dir)
+                if where:
+                    result["generate_error_at"] = where
+        stage = "done"
+    except SystemExit:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - whatever the remote code raises is a result
+        result["error"] = f"{stage}: {_first_line(exc)}"
+        where = _remote_frame(exc, package_dir)
+        if where:
+            result["error_at"] = where
+        result["traceback"] = traceback.format_exc()[-3000:]
+    result["seconds"] = round(time.perf_counter() - t_start, 3)
+    fence.strict = False
+    if tensors:
+        try:
+            from safetensors.torch import save_file
+
+            save_file(tensors, os.path.join(root, "tensors.safetensors"))
+        except Exception as exc:  # noqa: BLE001
+            result["error"] = result["error"] or f"saving the tensors: {_first_line(exc)}"
+    with open(os.path.join(root, "result.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, default=str)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+class _empty_weights:
+    """Build on the meta device even where the code creates its parameters on a device of its
+    own choosing (MPT's ``init_device``): every parameter registered is moved to meta at once,
+    so at most one real tensor exists at a time (accelerate's ``init_empty_weights`` idea)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+
+    def __enter__(self):
+        torch = self.torch
+        self.device = torch.device("meta")
+        self.device.__enter__()
+        self.original = torch.nn.Module.register_parameter
+
+        def register(module, name, param):
+            self.original(module, name, param)
+            if param is not None and param.device.type != "meta":
+                kwargs = dict(param.__dict__)
+                kwargs["requires_grad"] = param.requires_grad
+                module._parameters[name] = type(param)(module._parameters[name].to("meta"), **kwargs)
+
+        torch.nn.Module.register_parameter = register
+        return self
+
+    def __exit__(self, *exc):
+        self.torch.nn.Module.register_parameter = self.original
+        self.device.__exit__(*exc)
+        return False
+
+
+def _tied_pairs(model) -> list[list[str]]:
+    seen: dict[int, str] = {}
+    pairs = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        key = id(param)
+        if key in seen:
+            pairs.append([seen[key], name])
+        else:
+            seen[key] = name
+    return pairs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Parent side of the reference run: stage the original code, start ``child.py`` with the
+reference environment's Python through the one isolated-process runner, read what it wrote.
+
+Nothing here imports the remote code; the tensors come back through safetensors (no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hfcheck.analyzer.isolation import child_env, private_root, run_child
+from hfcheck.porter.reference.environments import ReferenceEnv
+
+CHILD = Path(__file__).with_name("child.py")
+PACKAGE = "hfcheck_ref_original"
+DEFAULT_TIMEOUT_S = 300.0
+MEMORY_BUDGET_BYTES = 2 * 1024**3  # a proof stays under 2 GB resident, whatever the model's size
+
+
+@dataclass
+class ReferenceRun:
+    """What the original did in its own environment."""
+
+    ok: bool
+    error: str | None
+    error_at: dict[str, Any] | None
+    result: dict[str, Any]
+    tensors: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    stderr_tail: str = ""
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {k.removeprefix("state."): v for k, v in self.tensors.items() if k.startswith("state.")}
+
+    @property
+    def logits(self):
+        return self.tensors.get("logits")
+
+    def hidden(self, i: int):
+        return self.tensors.get(f"hidden.{i}")
+
+    def modules(self) -> dict[str, dict[str, Any]]:
+        return {m["name"]: m for m in self.result.get("modules", [])}
+
+
+def stage_code(code_files: dict[str, str], folder: Path) -> Path:
+    from hfcheck.analyzer.sources.code_files import unsafe_name_reason
+
+    package = folder / PACKAGE
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    for name, text in code_files.items():
+        reason = unsafe_name_reason(name)
+        if reason is not None:
+            raise ValueError(f"{name}: {reason}")
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return package
+
+
+def model_key(auto_map: dict[str, Any]) -> str | None:
+    for key in ("AutoModelForCausalLM", "AutoModel"):
+        if isinstance(auto_map.get(key), str):
+            return key
+    return next((k for k, v in auto_map.items() if k.startswith("AutoModelFor") and isinstance(v, str)), None)
+
+
+def run_reference(env: ReferenceEnv, code_files: dict[str, str], auto_map: dict[str, Any], config: dict[str, Any], *,
+                  input_ids: list[list[int]], num_layers: int, mode: str = "random", seed: int = 0,
+                  checkpoint_dir: str | None = None, meta_config: dict[str, Any] | None = None, generate_tokens: int = 4,
+                  import_only: bool = False, threads: int = 1, timeout: float = DEFAULT_TIMEOUT_S) -> ReferenceRun:
+    """Run the original (``code_files`` + ``config``) in ``env``; see ``child.py``."""
+    from hfcheck.analyzer.isolation import fence
+
+    key = model_key(auto_map)
+    if key is None or not isinstance(auto_map.get("AutoConfig"), str):
+        return ReferenceRun(False, "auto_map names no AutoConfig and AutoModel class", None, {})
+    with private_root("hfcheck-reference-") as root:
+        try:
+            stage_code(code_files, root / "orig")
+        except (ValueError, OSError) as exc:
+            return ReferenceRun(False, f"cannot stage the remote code: {exc}", None, {})
+        job = {
+            "fence": fence.load_fence_source(), "auto_map": auto_map, "model_key": key, "config": config, "mode": mode,
+            "seed": seed, "input_ids": input_ids, "num_layers": num_layers, "generate_tokens": generate_tokens,
+            "meta_config": meta_config, "import_only": import_only, "threads": threads, "cpu_seconds": timeout * 2,
+            "checkpoint": {"dir": checkpoint_dir} if checkpoint_dir else None,
+        }
+        (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        run = run_child([str(env.python), "-I", str(CHILD), str(root)], root, timeout=timeout, env=child_env(root, threads),
+                        max_rss_bytes=MEMORY_BUDGET_BYTES)
+        try:
+            result = json.loads((root / "result.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            result = {}
+        tensors = {}
+        if (root / "tensors.safetensors").is_file():
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(root / "tensors.safetensors"))
+    error = result.get("error")
+    if run.over_memory:
+        error = f"the reference run passed the proof's memory budget of {MEMORY_BUDGET_BYTES / 2**30:g} GiB (killed)"
+    elif run.timed_out:
+        error = f"the reference run did not finish within {timeout:g} s (killed)"
+    elif not result:
+        error = f"the reference process exited with status {run.returncode} and no result"
+    return ReferenceRun(not error, error, result.get("error_at"), result, tensors, run.seconds, run.peak_rss_bytes, run.stderr_tail)
