@@ -27,8 +27,18 @@ MOE_INTERMEDIATE_FIELDS = ("moe_intermediate_size", "intermediate_size")
 SHARED_EXPERT_FIELDS = ("n_shared_experts", "num_shared_experts", "shared_expert_count")
 
 HEAD_FIELDS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
-KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+KV_HEAD_FIELDS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "n_head_kv", "kv_heads", "num_kv")
 LAYER_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
-HIDDEN_FIELDS = ("hidden_size", "n_embd", "d_model", "dim")
+HIDDEN_FIELDS = ("hidden_size", "n_embd", "d_model", "model_dim", "dim")
+HEAD_DIM_FIELDS = ("head_dim", "kv_channels", "attention_head_dim", "d_kv")
+INTERMEDIATE_FIELDS = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", "d_ff", "inner_hidden_size")
+VOCAB_FIELDS = ("vocab_size", "padded_vocab_size")
+"""How configs (remote ones included) spell the same quantity; the first one set wins."""
+
+TRANSFORMERS_BACKEND_ATTENTION_ARGS = ("num_heads", "scale", "head_size", "num_kv_heads", "logits_soft_cap", "per_layer_sliding_window", "sinks")
+"""What vLLM's transformers backend gives each ``Attention`` it creates (``base.py``,
+``_create_attention_instances``, 0.32 and 0.33): no ``alibi_slopes``, and the attention
+interface ignores the additive mask a model builds, so ALiBi (and any other additive
+position bias) cannot be kept; vLLM's own Falcon, Bloom and MPT-era classes pass slopes."""
 
 TP_SIZES = (1, 2, 4, 8)

@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
     port.add_argument("--no-rescan", action="store_true", help="skip the re-scan of the output")
     port.add_argument("--force", action="store_true", help="replace the contents of a non-empty --out folder")
     port.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds the proof process may run")
+    port.add_argument("--reference-transformers", metavar="VERSION", default=None,
+                      help="run the original in this transformers release (default: the transformers_version its config.json declares)")
     port.set_defaults(handler=run)
     serve = subparsers.add_parser("serve", help="smoke-serve a model folder: real OpenAI-compatible server, one greedy completion, compared with transformers")
     serve.add_argument("dir", help="model folder (config.json, weights, tokenizer)")
@@ -58,10 +60,13 @@ def _fail(message: str) -> int:
 
 
 def _port(args) -> int:
-    from hfcheck.porter.port.orchestrate import PortError, port, render_text
+    from hfcheck.porter.port.orchestrate import PortError, port
+    from hfcheck.porter.port.render import render_text
 
     try:
-        result = port(args.src, args.out, prove=not args.no_verify, rescan=not args.no_rescan, force=args.force, proof_timeout=args.timeout)
+        progress = None if args.format == "json" else (lambda line: print(f"port: {line}", file=sys.stderr, flush=True))
+        result = port(args.src, args.out, prove=not args.no_verify, rescan=not args.no_rescan, force=args.force, proof_timeout=args.timeout,
+                      reference_transformers=args.reference_transformers, log=progress)
     except PortError as exc:
         return _fail(str(exc))
     if args.serve and result.status == "ported":

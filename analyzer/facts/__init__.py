@@ -182,7 +182,7 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     kv_heads = get(*V.KV_HEAD_FIELDS, default=heads)
     if isinstance(text, dict) and text.get("multi_query_attention") is False:
         kv_heads = heads
-    head_dim = get("head_dim", "kv_channels", "attention_head_dim")
+    head_dim = get(*V.HEAD_DIM_FIELDS)
     if not isinstance(head_dim, int) and isinstance(hidden, int) and isinstance(heads, int) and heads:
         head_dim = hidden // heads
     num_experts = get(*V.EXPERT_COUNT_FIELDS, default=0) or 0
@@ -202,8 +202,8 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=get("intermediate_size", "ffn_hidden_size", "n_inner"),
-        vocab_size=get("vocab_size", "padded_vocab_size"),
+        intermediate_size=get(*V.INTERMEDIATE_FIELDS),
+        vocab_size=get(*V.VOCAB_FIELDS),
         layer_types=types,
         num_experts=int(num_experts) if isinstance(num_experts, int) else 0,
         top_k=get(*V.TOP_K_FIELDS),

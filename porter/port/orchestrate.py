@@ -1,30 +1,33 @@
-"""``port(src, out)``: decide, rewrite, write, prove, re-scan.
+"""``port(src, out)``: establish the original, then retarget, rewrite or refuse; prove; re-scan.
 
-1. Resolve the source (a local folder or a Hub id, as ``scan`` does) and refuse what no rewrite
+1. Resolve the source (a local folder or a Hub id, as ``scan`` does) and refuse what no port
    can fix: layers that are not softmax attention (linear attention, SSM, convolutions: vLLM's
    transformers backend serves only layers that dispatch through the attention interface),
-   encoder-decoder models, MXFP4 checkpoints, and code the static analysis flags as unsafe
-   at import time.
-2. A model without remote code is a native transformers model: nothing to port, nothing written.
-3. Otherwise apply every codemod (``codemods``), and when nothing changed say so (write nothing).
-4. Write the output folder: the ported ``.py`` files, ``config.json`` (``auto_map`` naming the
-   ported classes, ``AutoModel`` included), the other files of the source folder (tokenizer,
-   generation config), the checkpoint converted tensor by tensor when the source has
-   safetensors, ``port.diff`` (unified diff of every changed file) and ``PORT.md``.
-5. Prove it (``equivalence``: same logits on random weights, and on the real ones when there
-   are any) and re-scan the output with ``--trust-remote-code`` (sandboxed), listing each
-   check that was not passing before next to its status now.
+   encoder-decoder models, MXFP4 checkpoints, and code the static analysis flags as unsafe at
+   import time. A model without remote code is native: nothing to port, nothing written.
+2. Establish the original's behaviour where it was written (``porter.reference``): the
+   transformers release it declares, in a cached environment, at a shrunk size, with seeded
+   random weights. The original is never patched to run; if it does not run there, the port
+   stops and says where (file:line).
+3. Retarget (``retarget_path``): when a native transformers class reproduces the original's
+   logits and vLLM serves that class, write a native model folder (no remote code left).
+4. Otherwise rewrite in place (``codemods``), unless the original computes something vLLM's
+   transformers backend cannot keep (ALiBi: refused, naming the construct at file:line).
+   The rewrite is proven against the same reference run (``equivalence``).
+5. Every result says the path it took and ends with how vLLM serves the output (a re-scan) or
+   the blocker that stopped it; PORT.md and port.diff are written next to the model.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import difflib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,9 @@ WEIGHT_SUFFIXES = (".safetensors",)
 PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
 NOT_SOFTMAX_WHY = ("vLLM's transformers backend serves a decoder layer only through the attention interface "
                    "(one softmax-attention module with a layer_idx per layer); no rewrite turns these layers into that")
+ALIBI_WHY = ("vLLM's transformers backend creates each attention layer with only heads, scale, head size, kv heads, softcap, "
+             "sliding window and sinks (vllm/model_executor/models/transformers/base.py, _create_attention_instances, 0.32 and 0.33): "
+             "no ALiBi slopes, and the attention interface ignores the additive mask the model builds, so the bias would be dropped")
 UNSAFE = ("HFC820", "HFC821", "HFC822", "HFC823", "HFC824", "HFC825")
 
 
@@ -49,6 +55,10 @@ class PortResult:
     src: str
     out: str | None
     model: dict[str, Any] = field(default_factory=dict)
+    path: str = "none"  # "retarget" | "rewrite" | "refused" | "none"
+    reference: dict[str, Any] | None = None
+    retarget: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None
     changes: list[dict[str, Any]] = field(default_factory=list)
     not_ported: list[dict[str, Any]] = field(default_factory=list)
     weights: dict[str, Any] | None = None
@@ -71,7 +81,8 @@ class PortResult:
 
 
 def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan: bool = True, force: bool = False,
-         proof_timeout: float = 300.0, shard_bytes: int | None = None) -> PortResult:
+         proof_timeout: float = 300.0, shard_bytes: int | None = None, reference_transformers: str | None = None,
+         log: Callable[[str], None] | None = None) -> PortResult:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.facts import FactsError, collect_facts
     from hfcheck.analyzer.remote import has_remote_code, static_findings
@@ -93,7 +104,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
 
     reason = _model_refusal(facts, source, static_findings)
     if reason:
-        result.message = reason
+        result.message, result.path = reason, "refused"
         return result
     if not has_remote_code(source):
         from hfcheck.analyzer.analysis import analyse
@@ -107,10 +118,170 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         return result
     if source.missing_code:
         raise PortError(f"{src}: remote code not available: {'; '.join(source.missing_code)}")
+    broken = _unparsable(source)
+    if broken:
+        raise PortError(f"{src}: {broken}")
+    if out is None:
+        raise PortError("--out DIR is required to write the ported model")
+    out_dir = Path(out).expanduser()
+    _check_out(out_dir, source, force)
 
+    # ------------------------------------------------------------------ the original, where it was written
+    from hfcheck.porter.reference.environments import EnvError
+    from hfcheck.porter.reference.establish import ReferenceError, establish
+
+    try:
+        reference = establish(source, override=reference_transformers, timeout=proof_timeout, log=log)
+    except EnvError as exc:
+        raise PortError(f"{src}: the reference environment cannot be built: {exc}") from None
+    except ReferenceError as exc:
+        result.message, result.path = f"refused: {exc}", "refused"
+        return result
+    result.reference = reference_summary(reference)
+    result.seconds["reference"] = round(time.perf_counter() - t0, 2)
+    run = reference.run
+    if not run.ok:
+        where = run.error_at
+        at = f" ({where['file']}:{where['line']}: `{where['code']}`)" if where else ""
+        result.path = "refused"
+        result.message = (f"refused: the original does not run in its own release (transformers {reference.env.spec.transformers}, "
+                          f"{reference.version_reason}): {run.error}{at}; nothing can be proven against it")
+        return result
+
+    # ------------------------------------------------------------------ retarget
+    from hfcheck.porter.port.retarget_path import find_retarget
+
+    t1 = time.perf_counter()
+    outcome = find_retarget(reference)
+    result.seconds["retarget_search"] = round(time.perf_counter() - t1, 2)
+    result.retarget = outcome.to_dict()
+    if outcome.found is not None:
+        _port_by_retarget(result, outcome, reference, source, out_dir, shard_bytes=shard_bytes, prove=prove)
+        result.seconds["total"] = round(time.perf_counter() - t0, 2)
+        _write_reports(result, None, source, None, out_dir)
+        return result
+
+    # ------------------------------------------------------------------ rewrite, or refuse
+    bias = position_bias(reference, source)
+    if bias:
+        result.path = "refused"
+        equal = [s for s in outcome.search.skipped if "computes the same function" in s]
+        result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
+                          + (f". {equal[0]}" if equal else ""))
+        result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
+        return result
+    written = _port_by_rewrite(result, reference, source, out_dir, prove=prove, rescan=rescan, shard_bytes=shard_bytes, proof_timeout=proof_timeout)
+    result.seconds["total"] = round(time.perf_counter() - t0, 2)
+    if written is not None:
+        _write_reports(result, written[0], source, written[1], out_dir)
+    return result
+
+
+def reference_summary(reference) -> dict[str, Any]:
+    run = reference.run
+    return {
+        "transformers": reference.env.spec.transformers,
+        "why": reference.version_reason,
+        "packages": list(reference.packages),
+        "not_installed": reference.not_installed,
+        "environment": str(reference.env.path),
+        "built_seconds": reference.env.built_seconds,
+        "versions": reference.env.versions,
+        "run_seconds": run.seconds,
+        "peak_rss_bytes": run.peak_rss_bytes,
+        "tiny_config": reference.tiny_config,
+        "error": run.error,
+        "error_at": run.error_at,
+        "generate_error": run.result.get("generate_error"),
+        "tried": reference.tried,
+    }
+
+
+def _unparsable(source) -> str | None:
+    import ast
+
+    for name, text in source.code_files.items():
+        if not name.endswith(".py"):
+            continue
+        try:
+            ast.parse(text, filename=name)
+        except SyntaxError as exc:
+            return f"{name}:{exc.lineno}: the remote code does not parse ({exc.msg})"
+        except (ValueError, RecursionError) as exc:
+            return f"{name}: the remote code does not parse ({type(exc).__name__})"
+    return None
+
+
+def position_bias(reference, source) -> dict[str, Any] | None:
+    """The first line of the original's forward pass that builds or adds an ALiBi bias
+    (executed lines that name ALiBi), preferring the line that applies it."""
+    executed = reference.run.result.get("executed_lines") or {}
+    hits = []
+    for name, lines in executed.items():
+        text = source.code_files.get(name)
+        if text is None:
+            continue
+        rows = text.splitlines()
+        for line in lines:
+            if 0 < line <= len(rows) and re.search(r"alibi", rows[line - 1], re.IGNORECASE) and not rows[line - 1].strip().startswith(("#", "def ", "warnings.")):
+                code = rows[line - 1].strip()
+                applies = bool(re.search(r"\+|\.add\(|attn_bias|attention_mask\s*=", code))
+                hits.append((not applies, name, line, code))
+    if not hits:
+        return None
+    _, name, line, code = sorted(hits)[0]
+    return {"file": name, "line": line, "code": code[:160]}
+
+
+def _port_by_retarget(result: PortResult, outcome, reference, source, out_dir: Path, *, shard_bytes: int | None, prove: bool) -> None:
+    from hfcheck.porter.port.retarget_path import extra_checks, full_native_config, write_native_folder
+    from hfcheck.porter.port.served import how_served
+    from hfcheck.porter.retarget.anatomy import AnatomyError
+
+    t0 = time.perf_counter()
+    hyp = outcome.found.hypothesis
+    result.path = "retarget"
+    try:
+        native = full_native_config(outcome, reference, source.config)
+    except AnatomyError as exc:
+        result.status, result.message = "failed", f"{hyp.architecture} reproduces the original at the shrunk size, but its full-size config cannot be written: {exc}"
+        return
+    result.retarget = outcome.to_dict()
+    result.retarget["native_config"] = native
+    if prove:
+        extra_checks(outcome, reference)
+    write_native_folder(outcome, source, out_dir, native, shard_bytes=shard_bytes)
+    result.weights = outcome.weights
+    result.retarget["notes"] = hyp.notes + outcome.notes
+    result.proof = {"checks": outcome.checks, "ok": all(c["ok"] for c in outcome.checks), "reference": "original in its own release"}
+    result.seconds["write"] = round(time.perf_counter() - t0, 2)
+    t1 = time.perf_counter()
+    served = how_served(out_dir)
+    result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
+    result.served = served.to_dict()
+    result.files = outcome.files + ["PORT.md"]
+    if outcome.weights and outcome.weights.get("error"):
+        result.status, result.message = "failed", f"retargeted to {hyp.architecture}, but the checkpoint could not be converted: {outcome.weights['error']}"
+    elif not result.proof["ok"]:
+        failed = [c for c in outcome.checks if not c["ok"]]
+        result.status = "failed"
+        result.message = f"retargeted to {hyp.architecture}, NOT proven: " + "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
+    else:
+        rel = max((c.get("max_rel_error") or 0.0) for c in outcome.checks)
+        result.status = "ported"
+        result.message = (f"retargeted to transformers' {hyp.architecture} (model_type {hyp.target}): logits equal the original's in transformers "
+                          f"{reference.env.spec.transformers} (max relative error {rel:.1e}); {served.summary}")
+
+
+def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, prove: bool, rescan: bool, shard_bytes: int | None,
+                     proof_timeout: float) -> tuple[Any, dict[str, Any]] | None:
+    """Rewrite the remote code in place; returns (port state, ported config) once files are
+    written (None when nothing was)."""
     from hfcheck.porter.port.codemods import CODEMODS
     from hfcheck.porter.port.state import PortState, apply_config_edits
 
+    t0 = time.perf_counter()
+    result.path = "rewrite"
     state = PortState(dict(source.code_files), dict(source.config))
     for codemod in CODEMODS:
         codemod().apply(state)
@@ -119,13 +290,9 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     changed = {f for f, text in state.files.items() if text != source.code_files.get(f)}
     if not changed and not state.config_edits:
         result.status = "nothing_to_port"
-        result.message = ("the remote code already passes every check the porter rewrites; nothing written"
+        result.message = ("no native class reproduces the original, and the remote code already passes every check the porter rewrites; nothing written"
                           + (f" ({len(state.refusals)} finding(s) need a hand-written change: see not_ported)" if state.refusals else ""))
-        return result
-    if out is None:
-        raise PortError("--out DIR is required to write the ported model")
-    out_dir = Path(out).expanduser()
-    _check_out(out_dir, source, force)
+        return None
 
     _, roles = state.roles()
     auto_map = _auto_map(source.config.get("auto_map") or {}, roles)
@@ -136,7 +303,6 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     _attach_fixes(state, source)
     result.changes = [c.to_dict() for c in state.changes]
 
-    # ------------------------------------------------------------------ write
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     for name, text in sorted(state.files.items()):
@@ -147,14 +313,11 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     (out_dir / "config.json").write_text(json.dumps(ported_config, indent=2) + "\n", encoding="utf-8")
     written.append("config.json")
     src_dir = Path(source.location) if source.kind == "local" and source.location else None
-    has_weights = False
     if src_dir is not None:
         written += _copy_other_files(src_dir, out_dir, set(state.files))
         from hfcheck.porter.port import weights as W
 
-        files = W.checkpoint_files(src_dir)
-        if files:
-            has_weights = True
+        if W.checkpoint_files(src_dir):
             t1 = time.perf_counter()
             try:
                 summary = W.convert_checkpoint(src_dir, out_dir, state.weight_rules, source.config, defaults,
@@ -162,8 +325,8 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
             except W.ConvertError as exc:
                 result.status, result.message = "failed", f"the checkpoint could not be converted: {exc}"
                 result.weights = {"error": str(exc)}
-                _write_reports(result, state, source, ported_config, out_dir)
-                return result
+                result.files = written + ["port.diff", "PORT.md"]
+                return state, ported_config
             summary["seconds"] = round(time.perf_counter() - t1, 2)
             result.weights = summary
             written += summary["shards"] + ([W.INDEX_NAME] if len(summary["shards"]) > 1 else [])
@@ -171,32 +334,26 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
             result.weights = {"note": "the checkpoint is in a pickle format (.bin/.pt): not converted; convert it to safetensors first, then port again"}
     result.files = written + ["port.diff", "PORT.md"]
 
-    # ------------------------------------------------------------------ prove and re-scan
-    result.status, result.message = "ported", f"{len(state.changes)} change(s) in {len(changed)} file(s)"
+    result.status, result.message = "ported", f"rewritten in place: {len(state.changes)} change(s) in {len(changed)} file(s)"
     if prove:
-        from hfcheck.analyzer.remote import CodeIndex
-        from hfcheck.analyzer.remote.checks import _installed, unguarded_imports
-        from hfcheck.porter.port.equivalence import run_equivalence
+        from hfcheck.porter.port.equivalence import prove_rewrite
 
-        original = CodeIndex(dict(source.code_files))
-        stubs = sorted({top for f in original.files.values() if f.tree is not None for top in unguarded_imports(f)
-                        if top not in ("torch", "transformers") and not _installed(top)})
         t1 = time.perf_counter()
-        result.proof = run_equivalence(source, out_dir, state.files, state.weight_rules, state.config_edits, defaults,
-                                       real_weights=has_weights, stub_packages=tuple(stubs), timeout=proof_timeout)
+        result.proof = prove_rewrite(reference, state.files, auto_map, state.weight_rules, state.config_edits, defaults, timeout=proof_timeout)
         result.seconds["proof"] = round(time.perf_counter() - t1, 2)
         if not result.proof.get("ok"):
             result.status = "failed"
             failed = [c for c in result.proof.get("checks", []) if not c.get("ok")]
             why = result.proof.get("error") or "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
-            result.message = f"the ported model does not reproduce the original ({why}); the output is kept for inspection"
+            result.message = f"rewritten in place, but the ported model does not reproduce the original ({why}); the output is kept for inspection"
     if rescan:
+        from hfcheck.porter.port.served import how_served
+
         t1 = time.perf_counter()
         result.rescan = _rescan(source, out_dir)
+        result.served = how_served(out_dir, trust_remote_code=True).to_dict()
         result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
-    result.seconds["total"] = round(time.perf_counter() - t0, 2)
-    _write_reports(result, state, source, ported_config, out_dir)
-    return result
+    return state, ported_config
 
 
 def _err(check: dict) -> str:
@@ -334,12 +491,19 @@ def _rescan(source, out_dir: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------- reports
 
 
-def _diff(source, state, ported_config: dict) -> str:
+def _diff(source, state, ported_config: dict | None) -> str:
+    """Unified diff of every changed file. A retarget (no state) removes the model code: the
+    diff is the config's, headed by the list of files the native class replaces."""
     chunks = []
-    for name in sorted(set(source.code_files) | set(state.files)):
-        a, b = source.code_files.get(name, ""), state.files.get(name, "")
-        if a != b:
-            chunks.extend(difflib.unified_diff(a.splitlines(True), b.splitlines(True), f"a/{name}", f"b/{name}"))
+    if state is None:
+        removed = sorted(n for n in source.code_files if n.endswith(".py"))
+        chunks.append("# retarget: the native class replaces the model code; removed: " + ", ".join(removed) + "\n")
+        ported_config = ported_config or {}
+    else:
+        for name in sorted(set(source.code_files) | set(state.files)):
+            a, b = source.code_files.get(name, ""), state.files.get(name, "")
+            if a != b:
+                chunks.extend(difflib.unified_diff(a.splitlines(True), b.splitlines(True), f"a/{name}", f"b/{name}"))
     a = json.dumps(source.config, indent=2) + "\n"
     b = json.dumps(ported_config, indent=2) + "\n"
     if a != b:
@@ -347,135 +511,12 @@ def _diff(source, state, ported_config: dict) -> str:
     return "".join(chunks)
 
 
-def _write_reports(result: PortResult, state, source, ported_config: dict, out_dir: Path) -> None:
+def _write_reports(result: PortResult, state, source, ported_config: dict | None, out_dir: Path) -> None:
+    from hfcheck.porter.port.render import render_markdown
+
+    if ported_config is None and result.retarget:
+        ported_config = result.retarget.get("native_config")
     (out_dir / "port.diff").write_text(_diff(source, state, ported_config), encoding="utf-8")
     (out_dir / "PORT.md").write_text(render_markdown(result), encoding="utf-8")
-
-
-def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(result: PortResult) -> str:
-    from hfcheck import __version__
-
-    try:
-        import transformers
-
-        tv = transformers.__version__
-    except Exception:  # pragma: no cover
-        tv = "?"
-    head = {"ported": "ported and proven" if result.proof and result.proof.get("ok") else "ported",
-            "failed": "ported, NOT proven", "refused": "refused", "nothing_to_port": "nothing to port"}[result.status]
-    lines = [
-        f"# Port of `{result.src}`",
-        "",
-        f"Written by `hfcheck port` (hfcheck {__version__}, transformers {tv}) on {_dt.date.today().isoformat()}. "
-        "The original folder is left untouched; `port.diff` holds the unified diff of every changed file.",
-        "",
-        f"**Result: {head}.** {result.message}",
-        "",
-        "## Changes",
-        "",
-        "Each change answers a finding of `hfcheck scan` (its code and, where known, its line in the original).",
-        "",
-        "| # | check | where | change | why |",
-        "|---|-------|-------|--------|-----|",
-    ]
-    for i, c in enumerate(result.changes, 1):
-        where = f"`{c['file']}` `{c['where']}`" + (f" (line {', '.join(map(str, sorted(c['fixes'])))})" if c["fixes"] else "")
-        lines.append(f"| {i} | {c['code']} | {where} | {_md(c['what'])} | {_md(c['why'])} |")
-    if result.not_ported:
-        lines += ["", "## Not ported", "", "Recognised but not rewritten automatically (the model still runs; these need a hand-written change):", ""]
-        for r in result.not_ported:
-            lines.append(f"- {r['code']} `{r['file']}` `{r['where']}`: {r['reason']}")
-    lines += ["", "## Weights", ""]
-    w = result.weights
-    if not w:
-        lines.append("No local checkpoint: only the code and config were ported (convert the weights by porting a folder that holds the safetensors).")
-    elif "error" in w:
-        lines.append(f"Conversion failed: {w['error']}")
-    elif "note" in w:
-        lines.append(w["note"])
-    else:
-        lines.append(f"{w['tensors_in']} tensors read with `safe_open` one at a time, {w['tensors_out']} written to {', '.join(f'`{s}`' for s in w['shards'])} "
-                     f"({w['bytes'] / 2**20:.1f} MiB, {w['seconds']} s): {w['renamed']} renamed, {w['split']} split, {w['stacked_groups']} expert group(s) stacked.")
-    lines += ["", "## Proof", ""]
-    p = result.proof
-    if not p:
-        lines.append("Not run (`--no-verify`).")
-    else:
-        lines.append("Original and ported model in a sandboxed subprocess (no network, writes fenced), float32, same seeded random weights "
-                     "(converted with the port's weight rules and loaded strictly), same attention backend on both sides.")
-        if p.get("shims"):
-            lines.append(f"The reference run had v4 stand-ins for APIs the installed transformers removed: {', '.join(p['shims'])}.")
-        lines += ["", "| check | max abs error | max rel error | greedy argmax agreement | result |", "|---|---|---|---|---|"]
-        for c in p.get("checks", []):
-            abs_e = f"{c['max_abs_error']:.2e}" if isinstance(c.get("max_abs_error"), float) else "-"
-            rel_e = f"{c['max_rel_error']:.2e}" if isinstance(c.get("max_rel_error"), float) else "-"
-            agree = f"{c['argmax_agreement']:.0%}" if isinstance(c.get("argmax_agreement"), float) else "-"
-            lines.append(f"| {c['name']} | {abs_e} | {rel_e} | {agree} | {'same' if c['ok'] else _md(c.get('detail') or 'DIFFERENT')} |")
-        if p.get("error"):
-            lines.append(f"\nError: {p['error']}")
-    if result.rescan:
-        lines += ["", "## Re-scan", "", "`hfcheck scan` of the original (static) and of the output (`--trust-remote-code`, sandboxed):", "",
-                  "| check | before | after | now |", "|---|---|---|---|"]
-        for r in result.rescan:
-            lines.append(f"| {r['code']} | {r['before']} | {r['after']} | {_md(r['message'])} |")
-    lines += ["", "## Files", ""] + [f"- `{f}`" for f in result.files]
-    return "\n".join(lines) + "\n"
-
-
-def render_text(result: PortResult, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    console = console or Console()
-    style = {"ported": "bold green", "nothing_to_port": "bold cyan", "refused": "bold red", "failed": "bold red"}[result.status]
-    head = Text()
-    head.append(result.status.replace("_", " ").upper(), style=style)
-    head.append(f"  {result.src}" + (f" -> {result.out}" if result.status in ("ported", "failed") else ""))
-    console.print(head)
-    console.print(result.message, markup=False)
-    if result.changes:
-        table = Table(title="Changes", title_justify="left", expand=True)
-        table.add_column("check", no_wrap=True)
-        table.add_column("where", ratio=2)
-        table.add_column("change", ratio=4)
-        for c in result.changes:
-            table.add_row(c["code"], f"{c['file']} {c['where']}", c["what"])
-        console.print(table)
-    for r in result.not_ported:
-        console.print(Text(f"not ported: {r['code']} {r['file']} {r['where']}: {r['reason']}", style="yellow"))
-    w = result.weights
-    if w and "tensors_in" in w:
-        console.print(f"weights: {w['tensors_in']} -> {w['tensors_out']} tensors in {', '.join(w['shards'])} ({w['renamed']} renamed, {w['split']} split, {w['stacked_groups']} expert groups stacked, {w['seconds']} s)", markup=False)
-    elif w:
-        console.print(f"weights: {w.get('note') or w.get('error')}", markup=False)
-    if result.proof:
-        table = Table(title="Proof (original vs ported, float32, sandboxed)", title_justify="left", expand=True)
-        table.add_column("", width=1)
-        table.add_column("check", ratio=3)
-        table.add_column("max rel error", justify="right")
-        table.add_column("argmax", justify="right")
-        for c in result.proof.get("checks", []):
-            mark = Text("✓", style="green") if c["ok"] else Text("✗", style="red")
-            rel = f"{c['max_rel_error']:.1e}" if isinstance(c.get("max_rel_error"), float) else (c.get("detail") or "-")
-            agree = f"{c['argmax_agreement']:.0%}" if isinstance(c.get("argmax_agreement"), float) else "-"
-            table.add_row(mark, c["name"], rel, agree)
-        console.print(table)
-        if result.proof.get("error"):
-            console.print(Text(f"proof error: {result.proof['error']}", style="red"))
-    if result.rescan:
-        table = Table(title="Re-scan (before: original; after: ported, --trust-remote-code)", title_justify="left", expand=True)
-        table.add_column("check", no_wrap=True)
-        table.add_column("before", no_wrap=True)
-        table.add_column("after", no_wrap=True)
-        table.add_column("now", ratio=4)
-        colors = {"pass": "green", "fail": "red", "warn": "yellow", "info": "dim"}
-        for r in result.rescan:
-            table.add_row(r["code"], Text(r["before"], style=colors.get(r["before"], "")), Text(r["after"], style=colors.get(r["after"], "")), Text(r["message"]))
-        console.print(table)
-    if result.files:
-        console.print(f"wrote {len(result.files)} files to {result.out} (PORT.md, port.diff)", markup=False)
+    if "port.diff" not in result.files:
+        result.files.append("port.diff")

@@ -17,16 +17,18 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from hfcheck.analyzer import vocabulary as V
+
 FIELDS: dict[str, tuple[str, ...]] = {
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
-    "hidden": ("hidden_size", "n_embd", "d_model", "model_dim"),
-    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
-    "kv_heads": ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num", "n_kv_heads", "kv_heads", "num_kv"),
-    "head_dim": ("head_dim", "kv_channels", "attention_head_dim", "d_kv"),
-    "intermediate": ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", "d_ff", "inner_hidden_size"),
-    "vocab": ("vocab_size", "padded_vocab_size"),
-    "experts": ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts"),
-    "top_k": ("num_experts_per_tok", "moe_top_k", "top_k", "num_selected_experts"),
+    "layers": V.LAYER_FIELDS,
+    "hidden": V.HIDDEN_FIELDS,
+    "heads": V.HEAD_FIELDS,
+    "kv_heads": V.KV_HEAD_FIELDS,
+    "head_dim": V.HEAD_DIM_FIELDS,
+    "intermediate": V.INTERMEDIATE_FIELDS,
+    "vocab": V.VOCAB_FIELDS,
+    "experts": V.EXPERT_COUNT_FIELDS,
+    "top_k": V.TOP_K_FIELDS,
     "moe_intermediate": ("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size"),
     "first_dense": ("first_k_dense_replace",),
 }

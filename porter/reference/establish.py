@@ -1,0 +1,154 @@
+"""Establish the original's behaviour: pick its transformers release, build (or reuse) that
+environment, and run the original there at the shrunk size with seeded random weights.
+
+The release is the one config.json declares (``transformers_version``), or the one the user
+names; when the code does not even import there (or the config declares none), the newest of
+a few well-known 4.x releases below it that imports the code is used, and the result says so.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from hfcheck.porter.reference.environments import (
+    EnvError,
+    EnvSpec,
+    ReferenceEnv,
+    _version_tuple,
+    ensure_env,
+    pip_requirement,
+    release_of,
+)
+from hfcheck.porter.reference.run import ReferenceRun, run_reference
+from hfcheck.porter.reference.shrink import first, shrink_config
+
+# Releases tried, newest first, when the declared one cannot import the code or none is declared.
+FALLBACK_RELEASES = ("4.37.2", "4.33.3", "4.30.2", "4.28.1")
+SEQUENCE_LENGTH = 12
+
+
+class ReferenceError(Exception):
+    """The original cannot be run in any reference environment (one line)."""
+
+
+@dataclass
+class Reference:
+    env: ReferenceEnv
+    version_reason: str
+    packages: tuple[str, ...]
+    not_installed: list[str]  # imports that cannot be installed on a CPU machine (guarded in the code)
+    tiny_config: dict[str, Any]
+    input_ids: list[list[int]]
+    run: ReferenceRun
+    tried: list[str] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        value = first(self.tiny_config, "layers")
+        return int(value) if isinstance(value, int) else 0
+
+
+def _reachable(code_files: dict[str, str], auto_map: dict[str, Any]):
+    """The code files the auto_map classes import (relative imports, transitively)."""
+    from hfcheck.analyzer.remote import CodeIndex
+
+    index = CodeIndex(dict(code_files))
+    stems = {PurePosixPath(name).stem: name for name in index.files}
+    todo = []
+    for ref in auto_map.values():
+        if isinstance(ref, str):
+            body = ref.partition("--")[2] if "--" in ref else ref
+            todo.append(body.rpartition(".")[0])
+    seen: set[str] = set()
+    while todo:
+        stem = todo.pop()
+        name = stems.get(stem.rpartition(".")[2] if "." in stem else stem)
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        file = index.files[name]
+        for imp in file.imports if file.tree is not None else []:
+            if imp.level:
+                todo.append(imp.module or (imp.name or ""))
+    return [index.files[n] for n in sorted(seen)]
+
+
+def required_packages(code_files: dict[str, str], auto_map: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
+    """(PyPI requirements for the third-party imports of the code the model loads, imports
+    that cannot be installed here). Guarded imports (try / is_*_available) are not required."""
+    stdlib = set(getattr(sys, "stdlib_module_names", ()))
+    reqs: set[str] = set()
+    missing: set[str] = set()
+    for file in _reachable(code_files, auto_map):
+        for imp in file.imports:
+            if imp.level or imp.in_try:
+                continue
+            top = imp.module.split(".")[0]
+            if not top or top in stdlib or top in ("torch", "transformers", "numpy"):
+                continue
+            req = pip_requirement(top)
+            if req is None:
+                if not imp.guarded:
+                    missing.add(top)
+            elif not imp.guarded:
+                reqs.add(req)
+    return tuple(sorted(reqs)), sorted(missing)
+
+
+def candidate_releases(config: dict[str, Any], override: str | None) -> list[tuple[str, str]]:
+    if override:
+        release = release_of(override)
+        if release is None:
+            raise ReferenceError(f"--reference-transformers {override!r} is not a transformers release (4.x or later)")
+        return [(release, "named with --reference-transformers")]
+    declared = config.get("transformers_version")
+    release = release_of(declared) if isinstance(declared, str) else None
+    out = []
+    if release:
+        out.append((release, f"declared in config.json (transformers_version {declared})"))
+    for fallback in FALLBACK_RELEASES:
+        if release is None or _version_tuple(fallback) < _version_tuple(release):
+            why = "config.json declares no transformers_version" if release is None else f"the code does not import with {release}"
+            out.append((fallback, f"{why}; {fallback} is the newest tried release it imports with"))
+    return out
+
+
+def establish(source, *, override: str | None = None, seed: int = 0, head_dim: int = 16, timeout: float = 300.0,
+              log: Callable[[str], None] | None = None) -> Reference:
+    """Run the original of ``source`` in its reference environment (see the module doc)."""
+    config = dict(source.config)
+    auto_map = config.get("auto_map") or {}
+    packages, not_installed = required_packages(source.code_files, auto_map)
+    tiny = shrink_config(config, head_dim=head_dim)
+    vocab = first(tiny, "vocab") or 256
+    rng = random.Random(seed + 1)
+    ids = [[rng.randrange(int(vocab)) for _ in range(SEQUENCE_LENGTH)] for _ in range(2)]
+    tried: list[str] = []
+    candidates = candidate_releases(config, override)
+    for n, (release, why) in enumerate(candidates):
+        try:
+            env = ensure_env(EnvSpec(release, packages), log)
+        except EnvError as exc:
+            if n == 0:
+                raise  # the declared (or named) release cannot be installed: the user's to fix
+            tried.append(f"transformers {release}: {exc}")
+            continue
+        if log:
+            log(f"running the original in transformers {release} ({env.path.name})")
+        run = run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
+                            seed=seed, meta_config=config, timeout=timeout)
+        if not run.ok and _is_import_failure(run) and n + 1 < len(candidates) and not override:
+            tried.append(f"transformers {release}: {run.error}")
+            continue
+        return Reference(env, why, packages, not_installed, tiny, ids, run, tried)
+    raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
+
+
+def _is_import_failure(run: ReferenceRun) -> bool:
+    return bool(run.error) and run.error.startswith("importing the remote code") and ("ImportError" in run.error or "ModuleNotFoundError" in run.error
+                                                                                      or "AttributeError" in run.error)

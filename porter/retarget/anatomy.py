@@ -1,0 +1,324 @@
+"""What the original model is made of, read from its reference run (not from its names).
+
+The reference run reports every module (class, parameter shapes, scalar attributes such as
+``eps``, small buffers such as ``inv_freq``) and the order in which the forward pass called
+them. From that, at the shrunk size where every width is known:
+
+- the decoder layers are the ``ModuleList`` the run found; the embedding is the ``Embedding``
+  with the vocabulary's rows; the head is the other ``[vocab, hidden]`` weight (none: tied);
+  the final norm is the norm called after the last layer;
+- inside layer 0, norms are modules whose parameters are ``[hidden]`` vectors; projections are
+  grouped by the module that owns them and ordered by when they were called: the attention
+  group's output projection is its last ``-> hidden`` linear, its inputs read ``hidden``
+  (three q/k/v, two q + packed kv, or one packed q/k/v whose size gives the key/value heads);
+  the MLP's down projection returns to ``hidden`` from the width its inputs produce (two:
+  gate and up, one twice as wide: packed gate/up, one as wide: a plain two-layer MLP);
+- rotary embedding: base and dimension from the ``inv_freq`` buffer itself
+  (``inv_freq[1] = base ** (-2 / dim)``), so a hard-coded base in the code is seen too.
+
+Ambiguities the shapes cannot settle (which of two equal projections is the gate, the packing
+order of a fused projection, interleaved or half-split rotary pairs) become alternatives that
+``search`` settles numerically against the reference logits.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfcheck.porter.reference.run import ReferenceRun
+
+NORM_PARAM_NAMES = {"weight", "bias", "scale", "g", "gamma", "beta"}
+EPS_ATTRS = ("eps", "variance_epsilon", "epsilon", "layer_norm_eps", "layernorm_epsilon", "norm_eps")
+
+
+class AnatomyError(Exception):
+    """The model is not made of parts a retarget knows (reason in one line)."""
+
+
+@dataclass
+class Dims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    layers: int
+
+
+@dataclass
+class Linear:
+    path: str  # relative to the layer, e.g. "self_attn.q_proj"
+    inp: int
+    out: int
+    bias: bool
+
+
+@dataclass
+class Norm:
+    path: str
+    bias: bool
+    cls: str
+    eps: float | None
+    weight_name: str = "weight"
+
+    @property
+    def kind(self) -> str:
+        """``rms`` or ``layer`` when the class says so, ``layer`` when it has a bias, else ``?``."""
+        name = self.cls.lower()
+        if "rms" in name:
+            return "rms"
+        if self.bias or "layernorm" in name:
+            return "layer"
+        return "?"
+
+
+@dataclass
+class Layer:
+    norms: list[Norm]
+    attention_inputs: list[Linear]
+    attention_output: Linear
+    mlp_inputs: list[Linear]
+    mlp_output: Linear
+    parallel: bool  # attention and MLP read the same normalised input (one norm)
+    other_params: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Anatomy:
+    layers_path: str
+    embed: str
+    head: str | None
+    head_class: str | None
+    final_norm: Norm | None
+    layer: Layer
+    dims: Dims
+    rotary: dict[str, Any] | None
+    extra_params: list[str]
+    hidden_act: str | None = None
+
+    @property
+    def tied(self) -> bool:
+        return self.head is None
+
+
+def _param_paths(module: dict[str, Any]) -> list[str]:
+    return [f"{module['name']}.{p}" if module["name"] else p for p in module["params"]]
+
+
+def _eps(module: dict[str, Any]) -> float | None:
+    for attr in EPS_ATTRS:
+        value = module["scalars"].get(attr)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _is_norm(module: dict[str, Any], hidden: int) -> bool:
+    params = module["params"]
+    return (bool(params) and "linear" not in module and "embedding" not in module and set(params) <= NORM_PARAM_NAMES
+            and all(shape == [hidden] for shape in params.values()) and any(n in params for n in ("weight", "scale", "g", "gamma")))
+
+
+def rotary_from_buffers(modules: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Base and dimension of the rotary embedding from an ``inv_freq`` buffer."""
+    for m in modules:
+        values = m.get("small_buffers", {}).get("inv_freq")
+        if values and len(values) >= 2 and values[0] > 0 and 0 < values[1] < 1:
+            dim = 2 * len(values)
+            base = values[1] ** (-dim / 2)
+            return {"dim": dim, "base": _round_base(base), "module": m["name"], "class": m["class"]}
+    return None
+
+
+def _round_base(base: float) -> float:
+    """10000.000003 read back from float32 -> 10000.0 (to 6 significant digits)."""
+    if base <= 0 or not math.isfinite(base):
+        return base
+    digits = 6 - int(math.floor(math.log10(abs(base)))) - 1
+    return float(round(base, digits))
+
+
+def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
+    modules = run.result.get("modules") or []
+    by_name = {m["name"]: m for m in modules}
+    layers_path = run.result.get("layers_path")
+    if not layers_path:
+        raise AnatomyError("no list of identical decoder layers was found")
+    embeds = [m for m in modules if "embedding" in m and not m["name"].startswith(layers_path + ".")]
+    if not embeds:
+        raise AnatomyError("no token embedding was found")
+    vocab_embed = max(embeds, key=lambda m: m["embedding"]["num"])
+    vocab, hidden = vocab_embed["embedding"]["num"], vocab_embed["embedding"]["dim"]
+    first = f"{layers_path}.0."
+    n_layers = len([m for m in modules if re.fullmatch(re.escape(layers_path) + r"\.\d+", m["name"])])
+
+    # call order of layer 0's modules
+    order: dict[str, int] = {}
+    for i, call in enumerate(run.result.get("calls", [])):
+        order.setdefault(call["name"], i)
+
+    layer_mods = [m for m in modules if m["name"].startswith(first)]
+    rel = lambda name: name[len(first):]  # noqa: E731
+    linears = sorted((m for m in layer_mods if "linear" in m), key=lambda m: order.get(m["name"], 10**9))
+    norms = sorted((m for m in layer_mods if _is_norm(m, hidden)), key=lambda m: order.get(m["name"], 10**9))
+    norm_objs = [Norm(rel(m["name"]), "bias" in m["params"] or "beta" in m["params"], m["class"], _eps(m),
+                      next(n for n in ("weight", "scale", "g", "gamma") if n in m["params"])) for m in norms]
+    lin_objs = [Linear(rel(m["name"]), m["linear"]["in"], m["linear"]["out"], m["linear"]["bias"]) for m in linears]
+    if not lin_objs:
+        raise AnatomyError("decoder layer 0 has no linear projections")
+    uncalled = [lin.path for lin, m in zip(lin_objs, linears) if m["name"] not in order]
+    if uncalled:
+        raise AnatomyError(f"layer 0 has projections the forward pass never used: {', '.join(uncalled)}")
+
+    # parameters that are neither in a Linear nor in a norm
+    covered = {f"{m['name']}.{p}" for m in linears + norms for p in m["params"]}
+    other = [p for m in layer_mods for p in _param_paths(m) if p not in covered]
+
+    groups = _split_groups(lin_objs, norm_objs, order, first, hidden)
+    attn, mlp = groups
+    outputs = [lin for lin in attn if lin.out == hidden]
+    if not outputs:
+        raise AnatomyError("no attention output projection (a linear back to the hidden size) in layer 0")
+    attention_output = outputs[-1]
+    attention_inputs = [lin for lin in attn if lin is not attention_output and lin.inp == hidden]
+    mlp_outputs = [lin for lin in mlp if lin.out == hidden]
+    if not mlp_outputs:
+        raise AnatomyError("no MLP output projection in layer 0")
+    mlp_output = mlp_outputs[-1]
+    mlp_inputs = [lin for lin in mlp if lin is not mlp_output and lin.inp == hidden]
+    stray = [lin.path for lin in attn + mlp if lin not in attention_inputs + [attention_output] + mlp_inputs + [mlp_output]]
+    if stray:
+        raise AnatomyError(f"layer 0 has projections of no known role: {', '.join(stray)}")
+    if not attention_inputs or not mlp_inputs:
+        raise AnatomyError("layer 0 lacks attention or MLP input projections")
+
+    from hfcheck.porter.reference.shrink import first as cfg_first
+
+    d = cfg_first(tiny_config, "head_dim")
+    heads = cfg_first(tiny_config, "heads")
+    if not isinstance(heads, int) or heads <= 0:
+        raise AnatomyError("the config names no attention head count")
+    q_rows = attention_output.inp
+    if not isinstance(d, int):
+        d = q_rows // heads
+    if heads * d != q_rows:
+        raise AnatomyError(f"the attention output reads {q_rows} features, not {heads} heads of {d}")
+    kv_heads = _kv_heads(attention_inputs, heads, d)
+    intermediate = mlp_output.inp
+    dims = Dims(hidden, heads, kv_heads, d, intermediate, vocab, n_layers)
+
+    # head and final norm
+    outside = [m for m in modules if not m["name"].startswith(layers_path + ".") and m["name"] != layers_path]
+    heads_mods = [m for m in outside if m is not vocab_embed and m["params"].get("weight") == [vocab, hidden]]
+    head = heads_mods[0] if heads_mods else None
+    tied_pairs = run.result.get("tied") or []
+    if head is not None and any(f"{head['name']}.weight" in pair for pair in tied_pairs):
+        head = None
+    after_layers = [m for m in outside if _is_norm(m, hidden) and order.get(m["name"], -1) > order.get(f"{layers_path}.{n_layers - 1}", 10**9)]
+    final = sorted(after_layers, key=lambda m: order[m["name"]])
+    final_norm = None
+    if final:
+        m = final[0]
+        final_norm = Norm(m["name"], "bias" in m["params"] or "beta" in m["params"], m["class"], _eps(m),
+                          next(n for n in ("weight", "scale", "g", "gamma") if n in m["params"]))
+    used = {f"{vocab_embed['name']}.weight"} | ({f"{head['name']}.weight"} if head else set())
+    if final_norm:
+        used |= {f"{final_norm.path}.{p}" for p in by_name[final_norm.path]["params"]}
+    extra = [p for m in outside for p in _param_paths(m) if p not in used and not _tied_to(p, used, tied_pairs)]
+    act = tiny_config.get("hidden_act") or tiny_config.get("activation_function") or tiny_config.get("activation")
+    layer = Layer(norm_objs, attention_inputs, attention_output, mlp_inputs, mlp_output, parallel=len(norm_objs) == 1, other_params=other)
+    return Anatomy(layers_path, vocab_embed["name"], head["name"] if head else None, head["class"] if head else None, final_norm, layer,
+                   dims, rotary_from_buffers(modules), extra, act if isinstance(act, str) else None)
+
+
+def _tied_to(param: str, used: set[str], pairs: list[list[str]]) -> bool:
+    return any(param in pair and any(p in used for p in pair) for pair in pairs)
+
+
+def _kv_heads(inputs: list[Linear], heads: int, d: int) -> int:
+    if len(inputs) == 1:
+        rows = inputs[0].out
+        if rows % d or (rows // d - heads) % 2 or rows // d <= heads:
+            raise AnatomyError(f"a packed projection of {rows} rows is not q/k/v for {heads} heads of {d}")
+        return (rows // d - heads) // 2
+    sizes = sorted(lin.out for lin in inputs)
+    if len(inputs) == 3:
+        kv = sizes[0] // d
+        if sizes[0] != sizes[1] or sizes[2] != heads * d:
+            raise AnatomyError(f"three input projections of {sizes} rows are not q/k/v for {heads} heads of {d}")
+        return kv
+    if len(inputs) == 2:
+        q = [lin for lin in inputs if lin.out == heads * d]
+        kv = [lin for lin in inputs if lin not in q[:1]]
+        if q and kv and kv[0].out % (2 * d) == 0:
+            return kv[0].out // (2 * d)
+    raise AnatomyError(f"{len(inputs)} attention input projections of {sizes} rows: no q/k/v split is known for them")
+
+
+def _split_groups(linears: list[Linear], norms: list[Norm], order: dict[str, int], first: str, hidden: int) -> tuple[list[Linear], list[Linear]]:
+    """(attention linears, MLP linears): by owning module when the layer has two owners,
+    else by the second norm's call."""
+    owners: dict[str, list[Linear]] = {}
+    for lin in linears:
+        owners.setdefault(lin.path.rpartition(".")[0], []).append(lin)
+    if len(owners) == 2:
+        a, b = list(owners.values())
+        return a, b
+    if len(norms) >= 2:
+        cut = order.get(first + norms[1].path, 10**9)
+        attn = [lin for lin in linears if order.get(first + lin.path, 0) < cut]
+        mlp = [lin for lin in linears if order.get(first + lin.path, 0) > cut]
+        return attn, mlp
+    raise AnatomyError("cannot tell the attention projections of layer 0 from the MLP's")
+
+
+def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], tiny_config: dict[str, Any]) -> Dims:
+    """The real model's sizes: read off the full-size meta-device build of the original when
+    the reference run made one (exact), else scaled from the config the way the shrunk copy
+    relates to its config (e.g. Qwen's MLP is half its ``intermediate_size``)."""
+    from hfcheck.porter.reference.shrink import first, head_counts
+
+    heads, kv_field = head_counts(full_config)
+    if not isinstance(heads, int):
+        raise AnatomyError("the config names no attention head count")
+    meta = run.result.get("meta_params") or {}
+    lp = anatomy.layers_path
+    layer0 = f"{lp}.0."
+    if meta and f"{anatomy.embed}.weight" in meta and f"{layer0}{anatomy.layer.attention_output.path}.weight" in meta:
+        vocab, hidden = meta[f"{anatomy.embed}.weight"]
+        q_rows = meta[f"{layer0}{anatomy.layer.attention_output.path}.weight"][1]
+        head_dim = q_rows // heads
+        ins = [meta[f"{layer0}{lin.path}.weight"][0] for lin in anatomy.layer.attention_inputs]
+        if len(ins) == 1:
+            kv = (ins[0] // head_dim - heads) // 2
+        elif len(ins) == 2:
+            kv = min(ins) // (2 * head_dim) if min(ins) != q_rows else max(ins) // (2 * head_dim)
+        else:
+            kv = sorted(ins)[0] // head_dim
+        intermediate = meta[f"{layer0}{anatomy.layer.mlp_output.path}.weight"][1]
+        layers = len({k[len(lp) + 1:].split(".")[0] for k in meta if k.startswith(lp + ".")})
+        return Dims(hidden, heads, kv, head_dim, intermediate, vocab, layers)
+    tiny = anatomy.dims
+    hidden = first(full_config, "hidden")
+    head_dim = first(full_config, "head_dim") or (hidden // heads if isinstance(hidden, int) else None)
+    t_heads, t_kv_field = head_counts(tiny_config)
+    if tiny.kv_heads == t_kv_field:
+        kv = kv_field
+    elif tiny.kv_heads == t_heads:
+        kv = heads
+    else:
+        kv = tiny.kv_heads if tiny.kv_heads == 1 else None
+    t_inter = first(tiny_config, "intermediate")
+    f_inter = first(full_config, "intermediate")
+    intermediate = int(round(f_inter * tiny.intermediate / t_inter)) if isinstance(t_inter, int) and isinstance(f_inter, int) and t_inter else None
+    vocab = first(full_config, "vocab")
+    layers = first(full_config, "layers")
+    missing = [n for n, v in (("hidden size", hidden), ("head dim", head_dim), ("key/value heads", kv), ("MLP width", intermediate),
+                              ("vocabulary", vocab), ("layers", layers)) if not isinstance(v, int)]
+    if missing:
+        raise AnatomyError(f"the full-size {', '.join(missing)} cannot be read from the config ({run.result.get('meta_error') or 'no meta build'})")
+    return Dims(hidden, heads, kv, head_dim, intermediate, vocab, layers)

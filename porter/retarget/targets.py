@@ -1,0 +1,408 @@
+"""Native transformers classes a remote model can be retargeted to, one class per target.
+
+Like vLLM's fusers, each target has ``match`` (does the anatomy fit at all, and if not, why)
+and ``hypotheses`` (every reading of the anatomy the shapes leave open, most likely first);
+``search`` proves them numerically against the reference run and keeps the first that
+reproduces the original. ``TARGETS`` is the registry, in priority order: the first target
+whose hypothesis is proven wins, so targets that vLLM runs natively come first.
+
+A hypothesis knows how to write the native config for any size (``config(dims)``), and the
+weight plan for any size (``plan(dims)``, see ``plan.py``), so the shrunk proof and the
+full-size output use the same mapping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from hfcheck.porter.retarget.anatomy import Anatomy, Dims, Linear
+from hfcheck.porter.retarget.plan import Recipe
+
+TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+ROPE_BASE_FIELDS = ("rope_theta", "rotary_emb_base", "rotary_base", "rope_base", "rope_ratio")
+
+
+@dataclass
+class Hypothesis:
+    target: str  # native model_type
+    architecture: str  # native class name
+    choices: dict[str, str]  # the readings this hypothesis takes (shown in PORT.md)
+    config: Callable[[Dims, dict[str, Any]], dict[str, Any]]  # (dims, original config) -> native config
+    plan: Callable[[Dims], list[Recipe]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _name_score(path: str, words: tuple[str, ...]) -> bool:
+    leaf = path.rpartition(".")[2].lower()
+    return any(re.search(rf"(^|_){w}(_|$|proj)", leaf) or leaf == w for w in words)
+
+
+def trained_length(config: dict[str, Any]) -> int | None:
+    """The context the model was trained for (``seq_length`` where a config has it, as Qwen and
+    ChatGLM do beside a larger ``max_position_embeddings``)."""
+    for key in ("seq_length", "max_position_embeddings", "max_seq_len", "n_positions", "model_max_length", "max_sequence_length"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def length_notes(config: dict[str, Any]) -> list[str]:
+    """Where the original's function depends on the sequence length beyond what a native class does."""
+    notes = []
+    length = trained_length(config)
+    past = f"past {length} tokens" if length else "past the trained length"
+    if config.get("use_logn_attn"):
+        notes.append(f"`use_logn_attn`: the original scales queries by log(position)/log({length}) {past}; the native class does not (equal up to {length} tokens)")
+    if config.get("use_dynamic_ntk"):
+        notes.append(f"`use_dynamic_ntk`: the original enlarges the rotary base {past} (dynamic NTK); the native class keeps it (equal up to {length} tokens)")
+    scaling = config.get("rope_scaling")
+    if isinstance(scaling, dict) and str(scaling.get("type") or scaling.get("rope_type")) == "dynamic":
+        notes.append(f"`rope_scaling` dynamic: the original rescales the rotary base {past}; the native config keeps the base (equal up to {length} tokens)")
+    return notes
+
+
+def _common_config(model_type: str, arch: str, dims: Dims, original: dict[str, Any], anatomy: Anatomy) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "architectures": [arch], "model_type": model_type, "vocab_size": dims.vocab, "hidden_size": dims.hidden,
+        "num_hidden_layers": dims.layers, "num_attention_heads": dims.heads, "num_key_value_heads": dims.kv_heads,
+        "head_dim": dims.head_dim, "tie_word_embeddings": anatomy.tied,
+    }
+    length = trained_length(original)
+    if length:
+        cfg["max_position_embeddings"] = length
+    for key in TOKEN_FIELDS:
+        if key in original:
+            cfg[key] = original[key]
+    dtype = original.get("torch_dtype") or original.get("dtype")
+    if isinstance(dtype, str):
+        cfg["dtype"] = dtype.replace("torch.", "")
+    elif original.get("bf16"):
+        cfg["dtype"] = "bfloat16"
+    elif original.get("fp16"):
+        cfg["dtype"] = "float16"
+    return cfg
+
+
+def _rope(anatomy: Anatomy, original: dict[str, Any], partial: float | None = None) -> dict[str, Any]:
+    base = anatomy.rotary["base"] if anatomy.rotary else 10000.0
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": base}
+    scaling = original.get("rope_scaling")
+    if isinstance(scaling, dict) and str(scaling.get("type") or scaling.get("rope_type")) == "linear" and scaling.get("factor"):
+        params = {"rope_type": "linear", "rope_theta": base, "factor": float(scaling["factor"])}
+    if partial is not None and partial != 1.0:
+        params["partial_rotary_factor"] = partial
+    return params
+
+
+# ---------------------------------------------------------------------- attention inputs
+
+
+def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[Dims, str], list[Recipe]]]]:
+    """Ways to read the attention input projections as q, k, v: (choices, recipes(dims, part))."""
+    inputs = anatomy.layer.attention_inputs
+    lp = anatomy.layers_path
+    if len(inputs) == 1:
+        packed = inputs[0]
+        layouts = ["contiguous", "grouped"]
+        if anatomy.dims.kv_heads == anatomy.dims.heads:
+            layouts = ["contiguous", "grouped"]  # grouped with group 1: per-head [q, k, v]
+        for layout in layouts:
+            def recipes(dims: Dims, out_prefix: str, layout=layout, packed=packed) -> list[Recipe]:
+                out = []
+                group = dims.heads // dims.kv_heads
+                sizes = [dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, dims.kv_heads * dims.head_dim]
+                for n, part in enumerate("qkv"):
+                    take = ({"layout": "contiguous", "sizes": sizes, "part": n} if layout == "contiguous" else
+                            {"layout": "grouped", "kv": dims.kv_heads, "group": group, "head_dim": dims.head_dim, "part": part})
+                    for kind in ("weight", "bias") if packed.bias else ("weight",):
+                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{{i}}.{packed.path}.{kind}", "take": take, "role": part})
+                return out
+            yield {"q/k/v": f"{packed.path} packed, {layout} rows"}, recipes
+        return
+    if len(inputs) == 3:
+        by_name = {}
+        for part, words in (("q", ("q", "wq", "query", "q_proj")), ("k", ("k", "wk", "key", "k_proj")), ("v", ("v", "wv", "value", "v_proj"))):
+            hits = [lin for lin in inputs if _name_score(lin.path, words)]
+            if len(hits) == 1:
+                by_name[part] = hits[0]
+        orders: list[tuple[Linear, Linear, Linear]] = []
+        if len({id(v) for v in by_name.values()}) == 3:
+            orders.append((by_name["q"], by_name["k"], by_name["v"]))
+        q_size = anatomy.dims.heads * anatomy.dims.head_dim
+        for perm in itertools.permutations(inputs):
+            if perm[0].out == q_size and perm not in orders:
+                orders.append(perm)
+        for q, k, v in orders:
+            def recipes(dims: Dims, out_prefix: str, q=q, k=k, v=v) -> list[Recipe]:
+                out = []
+                for part, lin in zip("qkv", (q, k, v)):
+                    for kind in ("weight", "bias") if lin.bias else ("weight",):
+                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{{i}}.{lin.path}.{kind}", "role": part})
+                return out
+            yield {"q/k/v": f"q={q.path}, k={k.path}, v={v.path}"}, recipes
+        return
+    if len(inputs) == 2:
+        q_size = anatomy.dims.heads * anatomy.dims.head_dim
+        q = next(lin for lin in inputs if lin.out == q_size)
+        kv = next(lin for lin in inputs if lin is not q)
+        for layout in ("contiguous", "grouped"):
+            def recipes(dims: Dims, out_prefix: str, q=q, kv=kv, layout=layout) -> list[Recipe]:
+                out = []
+                for kind in ("weight", "bias") if q.bias else ("weight",):
+                    out.append({"out": f"{out_prefix}q_proj.{kind}", "src": f"{lp}.{{i}}.{q.path}.{kind}", "role": "q"})
+                for n, part in enumerate("kv"):
+                    take = ({"layout": "halves", "part": n} if layout == "contiguous" else
+                            {"layout": "grouped", "kv": dims.kv_heads, "group": 0, "head_dim": dims.head_dim, "part": part})
+                    for kind in ("weight", "bias") if kv.bias else ("weight",):
+                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{{i}}.{kv.path}.{kind}", "take": take, "role": part})
+                return out
+            yield {"q/k/v": f"q={q.path}, k/v={kv.path} packed, {layout} rows"}, recipes
+
+
+def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[Dims, str, bool], list[Recipe]]]]:
+    """Ways to read the MLP inputs as gate and up: (choices, recipes(dims, prefix, packed_out))."""
+    inputs = anatomy.layer.mlp_inputs
+    lp = anatomy.layers_path
+    if len(inputs) == 2:
+        a, b = inputs
+        gate_first = [(a, b), (b, a)]
+        named = [lin for lin in inputs if _name_score(lin.path, ("gate", "w1", "gate_proj", "wg"))]
+        if len(named) == 1 and named[0] is b:
+            gate_first.reverse()
+        for gate, up in gate_first:
+            def recipes(dims: Dims, prefix: str, packed_out: bool, gate=gate, up=up) -> list[Recipe]:
+                kinds = ("weight", "bias") if gate.bias else ("weight",)
+                if packed_out:
+                    raise ValueError("separate gate/up into a packed native projection is not planned")
+                return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{{i}}.{gate.path}.{k}", "role": "gate"} for k in kinds]
+                        + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{{i}}.{up.path}.{k}", "role": "up"} for k in kinds])
+            yield {"gate/up": f"gate={gate.path}, up={up.path}"}, recipes
+    elif len(inputs) == 1 and inputs[0].out == 2 * anatomy.dims.intermediate:
+        packed = inputs[0]
+        for gate_half in (0, 1):
+            def recipes(dims: Dims, prefix: str, packed_out: bool, gate_half=gate_half, packed=packed) -> list[Recipe]:
+                kinds = ("weight", "bias") if packed.bias else ("weight",)
+                if packed_out:
+                    if gate_half != 0:
+                        return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "swap_halves": True, "role": "gate_up"} for k in kinds]
+                    return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "role": "gate_up"} for k in kinds]
+                return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "take": {"layout": "halves", "part": gate_half}, "role": "gate"} for k in kinds]
+                        + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "take": {"layout": "halves", "part": 1 - gate_half}, "role": "up"} for k in kinds])
+            yield {"gate/up": f"{packed.path} packed, gate = {'first' if gate_half == 0 else 'second'} half"}, recipes
+
+
+def _permute(recipes: list[Recipe], dims: Dims, rotary_dim: int, inverse: bool = False) -> list[Recipe]:
+    out = []
+    for r in recipes:
+        if r.get("role") in ("q", "k"):
+            r = dict(r)
+            r["permute_rotary"] = {"head_dim": dims.head_dim, "rotary_dim": rotary_dim, **({"inverse": True} if inverse else {})}
+        out.append(r)
+    return out
+
+
+def _norm_recipes(anatomy: Anatomy, out: str, norm, layer: bool) -> list[Recipe]:
+    src = f"{anatomy.layers_path}.{{i}}.{norm.path}" if layer else norm.path
+    recipes = [{"out": f"{out}.weight", "src": f"{src}.{norm.weight_name}"}]
+    if norm.bias:
+        recipes.append({"out": f"{out}.bias", "src": f"{src}.bias"})
+    return recipes
+
+
+def _head_recipes(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], list[Recipe]]]:
+    if anatomy.head is None:
+        yield {}, []
+        return
+    yield {}, [{"out": "lm_head.weight", "src": f"{anatomy.head}.weight"}]
+    if anatomy.head_class not in (None, "Linear"):
+        yield {"head": f"{anatomy.head} ({anatomy.head_class}) normalises its rows"}, [{"out": "lm_head.weight", "src": f"{anatomy.head}.weight", "normalize_rows": True}]
+
+
+# ---------------------------------------------------------------------- targets
+
+
+class Target:
+    """One native class family. ``match`` returns None when it fits, else the reason."""
+
+    name = ""
+
+    def match(self, anatomy: Anatomy | None, original: dict[str, Any]) -> str | None:
+        raise NotImplementedError
+
+    def hypotheses(self, anatomy: Anatomy, original: dict[str, Any]) -> Iterator[Hypothesis]:
+        raise NotImplementedError
+
+
+class LlamaFamily(Target):
+    """RMSNorm before attention and before a gated MLP, rotary on the whole head:
+    ``llama`` (vLLM native; any bias pattern through ``attention_bias``/``mlp_bias`` and zero
+    biases), ``qwen2`` when exactly q/k/v carry a bias (Qwen v1), ``glm`` when the rotary covers
+    part of the head with interleaved pairs and gate/up are packed (ChatGLM 2/3)."""
+
+    name = "llama family (llama, qwen2, glm)"
+
+    def match(self, anatomy, original):
+        if anatomy is None:
+            return "no anatomy"
+        layer = anatomy.layer
+        if layer.parallel or len(layer.norms) != 2:
+            return f"{len(layer.norms)} norm(s) per layer in {'parallel' if layer.parallel else 'sequence'}; the llama family has two, in sequence"
+        kinds = {n.kind for n in layer.norms + ([anatomy.final_norm] if anatomy.final_norm else [])}
+        if "layer" in kinds:
+            return "LayerNorm, not RMSNorm"
+        if any(n.bias for n in layer.norms):
+            return "norms with a bias"
+        if anatomy.final_norm is None:
+            return "no final norm"
+        if anatomy.rotary is None:
+            return "no rotary embedding (inv_freq) was found: position information comes another way (ALiBi, learned positions)"
+        if layer.other_params or anatomy.extra_params:
+            return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
+        if not (len(layer.mlp_inputs) == 2 or (len(layer.mlp_inputs) == 1 and layer.mlp_inputs[0].out == 2 * anatomy.dims.intermediate)):
+            return "the MLP is not gated (no gate and up projections)"
+        return None
+
+    def hypotheses(self, anatomy, original):
+        layer = anatomy.layer
+        dims = anatomy.dims
+        rot_dim = anatomy.rotary["dim"]
+        partial = rot_dim / dims.head_dim
+        qkv_bias = any(lin.bias for lin in layer.attention_inputs)
+        o_bias = layer.attention_output.bias
+        mlp_bias = any(lin.bias for lin in layer.mlp_inputs) or layer.mlp_output.bias
+        act = anatomy.hidden_act or "silu"
+        notes = length_notes(original)
+        if partial != 1.0:
+            if o_bias or mlp_bias:
+                return
+            targets = [("glm", "GlmForCausalLM")]
+        elif qkv_bias and not o_bias and not mlp_bias:
+            targets = [("qwen2", "Qwen2ForCausalLM"), ("llama", "LlamaForCausalLM")]
+        else:
+            targets = [("llama", "LlamaForCausalLM")]
+        rotary_styles = ["half", "interleaved"]
+        for (model_type, arch), (qkv_choice, qkv), (mlp_choice, mlp), style, (head_choice, head) in itertools.product(
+                targets, list(_qkv_readings(anatomy)), list(_mlp_readings(anatomy)), rotary_styles, list(_head_recipes(anatomy))):
+            packed_out = model_type == "glm"
+            if packed_out and len(layer.mlp_inputs) != 1:
+                continue
+            choices = {"target": arch, **qkv_choice, **mlp_choice, "rotary pairs": style, **head_choice}
+
+            def config(d: Dims, original: dict[str, Any], model_type=model_type, arch=arch) -> dict[str, Any]:
+                cfg = _common_config(model_type, arch, d, original, anatomy)
+                cfg.update(intermediate_size=d.intermediate, hidden_act=act, rms_norm_eps=layer.norms[0].eps or 1e-6,
+                           rope_parameters=_rope(anatomy, original, partial if model_type == "glm" else None))
+                if model_type == "llama":
+                    cfg.update(attention_bias=bool(qkv_bias or o_bias), mlp_bias=bool(mlp_bias))
+                elif model_type == "glm":
+                    cfg.update(attention_bias=bool(qkv_bias), partial_rotary_factor=partial)
+                return cfg
+
+            def plan(d: Dims, model_type=model_type, qkv=qkv, mlp=mlp, style=style, head=head, packed_out=packed_out) -> list[Recipe]:
+                prefix = "model.layers.{i}."
+                attn = qkv(d, prefix + "self_attn.")
+                rot = int(round(partial * d.head_dim))
+                if model_type == "glm" and style == "half":
+                    attn = _permute(attn, d, rot, inverse=True)
+                elif model_type != "glm" and style == "interleaved":
+                    attn = _permute(attn, d, rot)
+                recipes = [{"out": "model.embed_tokens.weight", "src": f"{anatomy.embed}.weight"}]
+                recipes += _norm_recipes(anatomy, prefix + "input_layernorm", layer.norms[0], True)
+                recipes += attn
+                recipes += [{"out": f"{prefix}self_attn.o_proj.weight", "src": f"{anatomy.layers_path}.{{i}}.{layer.attention_output.path}.weight"}]
+                if o_bias:
+                    recipes.append({"out": f"{prefix}self_attn.o_proj.bias", "src": f"{anatomy.layers_path}.{{i}}.{layer.attention_output.path}.bias"})
+                if model_type == "llama" and (qkv_bias or o_bias):
+                    have = {r["out"] for r in recipes}
+                    sizes = {"q": d.heads * d.head_dim, "k": d.kv_heads * d.head_dim, "v": d.kv_heads * d.head_dim, "o": d.hidden}
+                    for part, size in sizes.items():
+                        name = f"{prefix}self_attn.{part}_proj.bias"
+                        if name not in have:
+                            recipes.append({"out": name, "zeros": [size]})
+                recipes += _norm_recipes(anatomy, prefix + "post_attention_layernorm", layer.norms[1], True)
+                recipes += mlp(d, prefix + "mlp.", packed_out)
+                recipes.append({"out": f"{prefix}mlp.down_proj.weight", "src": f"{anatomy.layers_path}.{{i}}.{layer.mlp_output.path}.weight"})
+                if layer.mlp_output.bias:
+                    recipes.append({"out": f"{prefix}mlp.down_proj.bias", "src": f"{anatomy.layers_path}.{{i}}.{layer.mlp_output.path}.bias"})
+                if model_type == "llama" and mlp_bias:
+                    have = {r["out"] for r in recipes}
+                    for part, size in (("gate", d.intermediate), ("up", d.intermediate), ("down", d.hidden)):
+                        if f"{prefix}mlp.{part}_proj.bias" not in have:
+                            recipes.append({"out": f"{prefix}mlp.{part}_proj.bias", "zeros": [size]})
+                recipes += _norm_recipes(anatomy, "model.norm", anatomy.final_norm, False)
+                recipes += head
+                return recipes
+
+            yield Hypothesis(model_type, arch, choices, config, plan, notes)
+
+
+class SameNames(Target):
+    """A native class whose parameter names and shapes equal the original's, once the config
+    is translated: Falcon for RefinedWeb (``RWForCausalLM``), and the remote code of a
+    ``model_type`` transformers implements itself (DeepSeek-V2/V3, Llama copies...)."""
+
+    name = "same parameter names (falcon for RefinedWeb, native model_type)"
+
+    def match(self, anatomy, original):
+        return None
+
+    def hypotheses(self, anatomy, original):
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        model_type = str(original.get("model_type") or "")
+        if model_type in ("RefinedWebModel", "RefinedWeb") or "RWForCausalLM" in (original.get("architectures") or []):
+            yield Hypothesis("falcon", "FalconForCausalLM", {"target": "FalconForCausalLM", "config": "RefinedWeb fields renamed"},
+                             lambda d, o: falcon_config(o), None, length_notes(original))
+        elif model_type in CONFIG_MAPPING and model_type not in ("llama",):
+            arch = _native_arch(model_type, original)
+            if arch:
+                yield Hypothesis(model_type, arch, {"target": arch, "config": "model_type is native to transformers"},
+                                 lambda d, o: native_config(o), None, length_notes(original))
+
+
+def _native_arch(model_type: str, original: dict[str, Any]) -> str | None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if isinstance(arch, (list, tuple)):
+        arch = arch[0]
+    return arch
+
+
+def native_config(original: dict[str, Any]) -> dict[str, Any]:
+    cfg = {k: v for k, v in original.items() if k not in ("auto_map", "transformers_version", "_name_or_path")}
+    arch = _native_arch(str(original.get("model_type")), original)
+    if arch:
+        cfg["architectures"] = [arch]
+    return cfg
+
+
+def falcon_config(original: dict[str, Any]) -> dict[str, Any]:
+    """RefinedWeb config fields in transformers' FalconConfig spelling."""
+    o = original
+    new_arch = o.get("model_type") == "RefinedWeb" or bool(o.get("new_decoder_architecture"))
+    heads = o.get("n_head", o.get("num_attention_heads"))
+    cfg = {
+        "architectures": ["FalconForCausalLM"], "model_type": "falcon",
+        "vocab_size": o.get("vocab_size"), "hidden_size": o.get("hidden_size"),
+        "num_hidden_layers": o.get("n_layer", o.get("num_hidden_layers")), "num_attention_heads": heads,
+        "num_kv_heads": o.get("n_head_kv", 1 if o.get("multi_query") else heads) if new_arch or not o.get("multi_query") else None,
+        "multi_query": bool(o.get("multi_query", False)), "parallel_attn": bool(o.get("parallel_attn", True)),
+        "new_decoder_architecture": new_arch, "bias": bool(o.get("bias", False)), "alibi": bool(o.get("alibi", False)),
+        "layer_norm_epsilon": o.get("layer_norm_epsilon", 1e-5), "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(o.get("rope_theta", 10000.0))},
+        "max_position_embeddings": o.get("max_position_embeddings", 2048),
+        "apply_residual_connection_post_layernorm": bool(o.get("apply_residual_connection_post_layernorm", False)),
+    }
+    for key in TOKEN_FIELDS + ("torch_dtype",):
+        if key in o:
+            cfg["dtype" if key == "torch_dtype" else key] = o[key]
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+TARGETS: tuple[Target, ...] = (SameNames(), LlamaFamily())
