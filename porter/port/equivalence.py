@@ -49,7 +49,7 @@ def prove_rewrite(reference, files: dict[str, str], auto_map: dict[str, Any], ru
         save_file({k: v.contiguous() for k, v in converted.items()}, str(root / "weights.safetensors"))
         key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else "AutoModel"
         job = {"ported_dir": str(ported), "class_ref": auto_map[key], "ids": reference.input_ids,
-               "generate_tokens": len(run.result.get("generated") or [])}
+               "generate_tokens": len(run.result.get("generated") or run.result.get("greedy_no_cache") or [])}
         (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
         bootstrap = "from hfcheck.porter.port.equivalence import child_main; child_main()"
         child = run_child([sys.executable, "-I", "-c", bootstrap, str(root)], root, timeout=timeout, env=child_env(root, 1))
@@ -67,10 +67,10 @@ def prove_rewrite(reference, files: dict[str, str], auto_map: dict[str, Any], ru
     checks = []
     for impl in IMPLEMENTATIONS:
         if f"logits.{impl}" in outputs:
-            checks.append({"name": f"random weights, {impl}", **compare(run.logits, outputs[f"logits.{impl}"])})
+            checks.append({"name": f"random weights, {impl}", **compare(run.logits_for(impl), outputs[f"logits.{impl}"])})
         elif impl in result.get("failed", {}):
             checks.append({"name": f"random weights, {impl}", "ok": False, "detail": result["failed"][impl]})
-    expected = run.result.get("generated")
+    expected = run.result.get("generated") or run.result.get("greedy_no_cache")  # same code: the original's own generate
     if expected and "generated" in result:
         same = result["generated"] == expected
         checks.append({"name": f"greedy generate, {len(expected)} tokens with the KV cache", "ok": same,

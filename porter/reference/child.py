@@ -302,8 +302,33 @@ def main() -> None:  # noqa: C901 - one linear script, stage by stage
             tensors[f"hidden.{i}"] = value.float().contiguous()
         result["calls"] = calls[:5000]
         result["executed_lines"] = {os.path.relpath(f, package_dir): sorted(v) for f, v in lines.items()}
+        if hasattr(model.config, "_attn_implementation") and getattr(model, "_supports_sdpa", None) is not None:
+            # code of the attention-interface era: the reference for each implementation it has
+            stage = "running the original with each attention implementation"
+            result["attn_default"] = model.config._attn_implementation
+            for impl in ("eager", "sdpa"):
+                try:
+                    if hasattr(model, "set_attn_implementation"):
+                        model.set_attn_implementation(impl)
+                    else:
+                        model.config._attn_implementation = impl
+                    with torch.no_grad():
+                        tensors[f"logits.{impl}"] = _output(model(input_ids=ids, use_cache=False)).detach().float().contiguous()
+                except Exception as exc:  # noqa: BLE001 - an implementation the code does not have
+                    result.setdefault("attn_unavailable", {})[impl] = _first_line(exc)
+            model.config._attn_implementation = result["attn_default"]
 
         if job.get("generate_tokens"):
+            stage = "greedy decoding without a cache"
+            seq = ids[:1]
+            with torch.no_grad():
+                for _ in range(int(job["generate_tokens"])):
+                    try:
+                        step = _output(model(input_ids=seq, use_cache=False))
+                    except TypeError:
+                        step = _output(model(input_ids=seq))
+                    seq = torch.cat([seq, step[:, -1:].argmax(-1)], dim=1)
+            result["greedy_no_cache"] = [int(t) for t in seq[0, ids.shape[1]:].tolist()]
             stage = "generating with the original's cache"
             try:
                 with torch.no_grad():

@@ -243,8 +243,38 @@ def _base_env(root: Path, log_fn: Callable[[str], None] | None) -> Path:
     return final
 
 
+def own_transformers() -> str:
+    import transformers
+
+    return release_of(transformers.__version__) or transformers.__version__
+
+
+def own_env(spec: EnvSpec) -> ReferenceEnv | None:
+    """hfcheck's own environment, when it already is the release ``spec`` asks for and has the
+    packages (a model written for the current transformers needs no second environment)."""
+    import importlib.metadata as md
+
+    if spec.transformers != own_transformers():
+        return None
+    for req in spec.packages:
+        try:
+            md.version(_req_name(req))
+        except md.PackageNotFoundError:
+            return None
+    versions = {}
+    for name in ("torch", "transformers", "huggingface_hub", "safetensors"):
+        try:
+            versions[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return ReferenceEnv(spec, Path(sys.prefix), Path(sys.executable), versions)
+
+
 def ensure_env(spec: EnvSpec, log_fn: Callable[[str], None] | None = None) -> ReferenceEnv:
     """The environment for ``spec``, built when missing. Raises EnvError with one line."""
+    mine = own_env(spec)
+    if mine is not None:
+        return mine
     root = env_root()
     final = root / spec.name
     manifest = final / MANIFEST

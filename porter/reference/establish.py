@@ -28,7 +28,7 @@ from hfcheck.porter.reference.run import ReferenceRun, run_reference
 from hfcheck.porter.reference.shrink import first, shrink_config
 
 # Releases tried, newest first, when the declared one cannot import the code or none is declared.
-FALLBACK_RELEASES = ("4.37.2", "4.33.3", "4.30.2", "4.28.1")
+FALLBACK_RELEASES = ("4.51.3", "4.46.3", "4.42.4", "4.37.2", "4.33.3", "4.30.2", "4.28.1")
 SEQUENCE_LENGTH = 12
 
 
@@ -106,11 +106,15 @@ def candidate_releases(config: dict[str, Any], override: str | None) -> list[tup
         if release is None:
             raise ReferenceError(f"--reference-transformers {override!r} is not a transformers release (4.x or later)")
         return [(release, "named with --reference-transformers")]
+    from hfcheck.porter.reference.environments import own_transformers
+
     declared = config.get("transformers_version")
     release = release_of(declared) if isinstance(declared, str) else None
     out = []
     if release:
         out.append((release, f"declared in config.json (transformers_version {declared})"))
+    else:
+        out.append((own_transformers(), "config.json declares no transformers_version; hfcheck's own release runs it"))
     for fallback in FALLBACK_RELEASES:
         if release is None or _version_tuple(fallback) < _version_tuple(release):
             why = "config.json declares no transformers_version" if release is None else f"the code does not import with {release}"
@@ -142,11 +146,28 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             log(f"running the original in transformers {release} ({env.path.name})")
         run = run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
                             seed=seed, meta_config=config, timeout=timeout)
-        if not run.ok and _is_import_failure(run) and n + 1 < len(candidates) and not override:
+        undeclared = not release_of(str(config.get("transformers_version") or ""))
+        missing = _missing_uninstallable(run)
+        if missing:
+            where = run.error_at
+            at = f" ({where['file']}:{where['line']})" if where else ""
+            raise ReferenceError(f"the original imports {missing} unguarded{at}, a package that cannot be installed on a CPU machine "
+                                 "(CUDA kernels): it runs in no reference environment here, so nothing can be proven against it")
+        if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or undeclared):
             tried.append(f"transformers {release}: {run.error}")
             continue
         return Reference(env, why, packages, not_installed, tiny, ids, run, tried)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
+
+
+def _missing_uninstallable(run: ReferenceRun) -> str | None:
+    import re
+
+    from hfcheck.porter.reference.environments import NOT_INSTALLABLE
+
+    m = re.search(r"No module named '([\w.]+)'", run.error or "")
+    top = m.group(1).split(".")[0] if m else None
+    return top if top in NOT_INSTALLABLE and top not in ("torch", "transformers") else None
 
 
 def _is_import_failure(run: ReferenceRun) -> bool:

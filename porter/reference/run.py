@@ -39,7 +39,15 @@ class ReferenceRun:
 
     @property
     def logits(self):
+        """The reference logits: the original with the attention implementation its release
+        picks by default (what its users get)."""
         return self.tensors.get("logits")
+
+    def logits_for(self, impl: str):
+        """The original run with one attention implementation (code of the attention-interface
+        era has several; older code has one, and this is the default run's)."""
+        value = self.tensors.get(f"logits.{impl}")
+        return value if value is not None else self.tensors.get("logits")
 
     def hidden(self, i: int):
         return self.tensors.get(f"hidden.{i}")
