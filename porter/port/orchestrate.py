@@ -252,8 +252,14 @@ def _port_by_retarget(result: PortResult, outcome, reference, source, out_dir: P
         extra_checks(outcome, reference)
     write_native_folder(outcome, source, out_dir, native, shard_bytes=shard_bytes)
     result.weights = outcome.weights
+    if prove and outcome.weights and not outcome.weights.get("error"):
+        from hfcheck.porter.port.realweights import prove_real_weights
+
+        t1 = time.perf_counter()
+        outcome.checks.append(prove_real_weights(reference, source, out_dir, native_config=native))
+        result.seconds["real_weights"] = round(time.perf_counter() - t1, 2)
     result.retarget["notes"] = hyp.notes + outcome.notes
-    result.proof = {"checks": outcome.checks, "ok": all(c["ok"] for c in outcome.checks), "reference": "original in its own release"}
+    result.proof = {"checks": outcome.checks, "ok": all(c["ok"] or c.get("skipped") for c in outcome.checks), "reference": "original in its own release"}
     result.seconds["write"] = round(time.perf_counter() - t0, 2)
     t1 = time.perf_counter()
     served = how_served(out_dir)
@@ -263,7 +269,7 @@ def _port_by_retarget(result: PortResult, outcome, reference, source, out_dir: P
     if outcome.weights and outcome.weights.get("error"):
         result.status, result.message = "failed", f"retargeted to {hyp.architecture}, but the checkpoint could not be converted: {outcome.weights['error']}"
     elif not result.proof["ok"]:
-        failed = [c for c in outcome.checks if not c["ok"]]
+        failed = [c for c in outcome.checks if not c["ok"] and not c.get("skipped")]
         result.status = "failed"
         result.message = f"retargeted to {hyp.architecture}, NOT proven: " + "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
     else:
@@ -340,6 +346,13 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
 
         t1 = time.perf_counter()
         result.proof = prove_rewrite(reference, state.files, auto_map, state.weight_rules, state.config_edits, defaults, timeout=proof_timeout)
+        if result.weights and "shards" in result.weights:
+            from hfcheck.porter.port.realweights import prove_real_weights
+
+            key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else "AutoModel"
+            check = prove_real_weights(reference, source, out_dir, class_ref=auto_map[key], timeout=proof_timeout)
+            result.proof["checks"].append(check)
+            result.proof["ok"] = result.proof["ok"] and (check["ok"] or bool(check.get("skipped")))
         result.seconds["proof"] = round(time.perf_counter() - t1, 2)
         if not result.proof.get("ok"):
             result.status = "failed"

@@ -121,35 +121,71 @@ def _random_state(model, seed: int, torch) -> dict:
     return {key: (values[key] if key in values else tensor.clone()) for key, tensor in model.state_dict().items()}
 
 
-def _checkpoint_state(model, job, torch) -> dict:
-    """The real tensors of the checkpoint for every key of ``model``'s state dict, sliced to
-    the truncated model's shapes (first rows / first layers); missing keys keep their value."""
-    from safetensors import safe_open
-
-    folder = job["checkpoint"]["dir"]
+def _checkpoint_reader(folder: str, torch):
+    """key -> a function returning that tensor (sliced to a shape): safetensors with
+    ``safe_open``, PyTorch pickles with ``weights_only=True`` and ``mmap``."""
+    names = sorted(os.listdir(folder))
     index = {}
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".safetensors"):
-            with safe_open(os.path.join(folder, name), framework="pt") as f:
-                for key in f.keys():
-                    index[key] = name
+    if any(n.endswith(".safetensors") for n in names):
+        from safetensors import safe_open
+
+        for name in names:
+            if name.endswith(".safetensors"):
+                with safe_open(os.path.join(folder, name), framework="pt") as f:
+                    for key in f.keys():
+                        index[key] = ("st", os.path.join(folder, name))
+    else:
+        for name in names:
+            if name.endswith(".bin") and name != "training_args.bin":
+                for key in torch.load(os.path.join(folder, name), map_location="cpu", weights_only=True, mmap=True):
+                    index[key] = ("pt", os.path.join(folder, name))
+    loaded = {}
+
+    def get(key, shape):
+        kind, path = index[key]
+        if kind == "st":
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                real = f.get_slice(key)
+                full = list(real.get_shape())
+                if full == list(shape):
+                    return f.get_tensor(key)
+                if len(full) == len(shape) and all(a >= b for a, b in zip(full, shape)):
+                    return real[tuple(slice(0, n) for n in shape)]
+                raise ValueError(f"checkpoint tensor {key} has shape {full}, the model wants {list(shape)}")
+        if path not in loaded:
+            loaded.clear()
+            loaded[path] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        value = loaded[path][key]
+        if list(value.shape) == list(shape):
+            return value
+        if value.dim() == len(shape) and all(a >= b for a, b in zip(value.shape, shape)):
+            return value[tuple(slice(0, n) for n in shape)]
+        raise ValueError(f"checkpoint tensor {key} has shape {list(value.shape)}, the model wants {list(shape)}")
+
+    return index, get
+
+
+def checkpoint_state(model, folder: str, torch) -> tuple[dict, list]:
+    """The real tensors of the checkpoint in ``folder`` for every key of ``model``'s state
+    dict, sliced to the truncated model's shapes (first rows: the first vocabulary entries;
+    only the first layers exist in the truncated model); a tied parameter absent from the
+    checkpoint gets its partner's tensor. Returns (state, keys the checkpoint lacks)."""
+    index, get = _checkpoint_reader(folder, torch)
     state = {}
     missing = []
     for key, tensor in model.state_dict().items():
         if key not in index:
             missing.append(key)
-            state[key] = tensor.clone()
             continue
-        with safe_open(os.path.join(folder, index[key]), framework="pt") as f:
-            real = f.get_slice(key)
-            shape = real.get_shape()
-            if list(shape) == list(tensor.shape):
-                value = f.get_tensor(key)
-            elif len(shape) == tensor.dim() and all(a >= b for a, b in zip(shape, tensor.shape)):
-                value = real[tuple(slice(0, n) for n in tensor.shape)]
-            else:
-                raise ValueError(f"checkpoint tensor {key} has shape {list(shape)}, the model wants {list(tensor.shape)}")
+        value = get(key, tensor.shape)
         state[key] = value.to(torch.float32) if value.is_floating_point() else value
+    for a, b in _tied_pairs(model):
+        for have, want in ((a, b), (b, a)):
+            if have in state and want in missing:
+                state[want] = state[have]
+                missing.remove(want)
     return state, missing
 
 
@@ -228,7 +264,7 @@ def main() -> None:  # noqa: C901 - one linear script, stage by stage
             stage = "building the full-size model on the meta device"
             try:
                 meta_cfg = cfg_cls.from_dict(dict(job["meta_config"]))
-                with _empty_weights(torch):
+                with empty_weights(torch):
                     meta = model_cls(meta_cfg)
                 result["meta_params"] = {n: list(p.shape) for n, p in meta.named_parameters()}
                 result["meta_tied"] = _tied_pairs(meta)
@@ -244,21 +280,33 @@ def main() -> None:  # noqa: C901 - one linear script, stage by stage
                     setattr(cfg, attr, job["attn_implementation"])
                 except Exception:  # noqa: BLE001, S110 - read-only on some releases
                     pass
-        model = model_cls(cfg).float().eval()
+        if job["mode"] == "checkpoint":
+            with empty_weights(torch, params_only=True):
+                model = model_cls(cfg)
+            model = model.eval()
+        else:
+            model = model_cls(cfg).float().eval()
         result["config_after"] = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool, type(None), list, dict))}
         result["modules"] = describe_modules(model, torch)
         result["tied"] = _tied_pairs(model)
 
         if job["mode"] == "checkpoint":
             stage = "loading the checkpoint tensors"
-            state, missing = _checkpoint_state(model, job, torch)
+            state, missing = checkpoint_state(model, job["checkpoint"]["dir"], torch)
+            params = {n for n, _ in model.named_parameters()}
+            absent = [k for k in missing if k in params]
+            if absent:
+                raise ValueError(f"the checkpoint lacks {len(absent)} parameter(s) of the model, e.g. {absent[:3]}")
+            model.load_state_dict(state, strict=False, assign=True)
+            model.float()
             result["checkpoint_missing"] = missing
         else:
             stage = "filling random weights"
             state = _random_state(model, int(job.get("seed", 0)), torch)
-        model.load_state_dict(state, strict=True)
-        for key, value in state.items():
-            tensors[f"state.{key}"] = value.contiguous()
+            model.load_state_dict(state, strict=True)
+            for key, value in state.items():
+                tensors[f"state.{key}"] = value.contiguous()
+        del state
 
         ids = torch.tensor(job["input_ids"], dtype=torch.long)
         layers = _decoder_layers(model, torch, int(job.get("num_layers", 0)))
@@ -364,18 +412,22 @@ def main() -> None:  # noqa: C901 - one linear script, stage by stage
     os._exit(0)
 
 
-class _empty_weights:
+class empty_weights:
     """Build on the meta device even where the code creates its parameters on a device of its
     own choosing (MPT's ``init_device``): every parameter registered is moved to meta at once,
-    so at most one real tensor exists at a time (accelerate's ``init_empty_weights`` idea)."""
+    so at most one real tensor exists at a time (accelerate's ``init_empty_weights`` idea).
+    ``params_only`` keeps buffers real (rotary tables), for a model whose parameters are then
+    assigned from a checkpoint."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, params_only: bool = False):
         self.torch = torch
+        self.params_only = params_only
 
     def __enter__(self):
         torch = self.torch
-        self.device = torch.device("meta")
-        self.device.__enter__()
+        self.device = torch.device("meta") if not self.params_only else None
+        if self.device is not None:
+            self.device.__enter__()
         self.original = torch.nn.Module.register_parameter
 
         def register(module, name, param):
@@ -390,7 +442,8 @@ class _empty_weights:
 
     def __exit__(self, *exc):
         self.torch.nn.Module.register_parameter = self.original
-        self.device.__exit__(*exc)
+        if self.device is not None:
+            self.device.__exit__(*exc)
         return False
 
 

@@ -1,0 +1,38 @@
+"""A small copy of a remote-code model folder with a random checkpoint in the original's own
+tensor names, made by the original code in its own release: what tests and benchmarks port
+when they need real checkpoint files without downloading weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from hfcheck.porter.reference.establish import establish
+from hfcheck.porter.reference.shrink import shrink_config
+
+
+def write_sample(src: Path, dst: Path, *, head_dim: int = 32, layers: int = 2, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    """``dst``: ``src``'s files, a shrunk ``config.json`` and ``model.safetensors`` (seeded
+    random weights, as the original names and shapes them, stored in ``dtype``)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hfcheck.analyzer.sources import resolve
+
+    dst.mkdir(parents=True, exist_ok=False)
+    for path in src.iterdir():
+        if path.is_file() and not path.name.endswith((".safetensors", ".bin")):
+            shutil.copy2(path, dst / path.name)
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    small = shrink_config(config, layers=layers, head_dim=head_dim)
+    (dst / "config.json").write_text(json.dumps(small, indent=2) + "\n", encoding="utf-8")
+    reference = establish(resolve(str(dst)), seed=seed, head_dim=head_dim)
+    if not reference.run.ok:
+        raise RuntimeError(f"the original does not run: {reference.run.error}")
+    params = {f"{m['name']}.{p}" if m["name"] else p for m in reference.run.result["modules"] for p in m["params"]}
+    state = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in reference.run.state.items() if k in params}
+    for a, b in reference.run.result.get("tied") or []:
+        state.pop(b, None)  # a tied head is not stored twice
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
