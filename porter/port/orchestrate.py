@@ -169,6 +169,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
                           + (f". {equal[0]}" if equal else ""))
         result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
+        result.seconds["total"] = round(time.perf_counter() - t0, 2)
         return result
     written = _port_by_rewrite(result, reference, source, out_dir, prove=prove, rescan=rescan, shard_bytes=shard_bytes, proof_timeout=proof_timeout)
     result.seconds["total"] = round(time.perf_counter() - t0, 2)

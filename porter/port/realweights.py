@@ -67,8 +67,9 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
     if keep == 0:
         return {"name": name, "ok": False, "skipped": True,
                 "detail": f"not run: one decoder layer is {layer_bytes / 2**30:.1f} GiB in float32, over the proof's budget"}
-    name = f"real weights ({keep} of {full_layers} layers, first {rows} vocabulary rows)"
-    original_cfg = _set(_set(source.config, "layers", keep), "vocab", rows)
+    truncate = keep < full_layers  # all layers fit: both configs keep their own layer fields
+    name = f"real weights ({keep} of {full_layers} layers, first {rows} vocabulary rows)" if truncate else f"real weights (all {full_layers} layers, first {rows} vocabulary rows)"
+    original_cfg = _set(_set(source.config, "layers", keep) if truncate else source.config, "vocab", rows)
     ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(2)]
     ref = run_reference(reference.env, source.code_files, source.config.get("auto_map") or {}, original_cfg, input_ids=ids, num_layers=keep,
                         mode="checkpoint", checkpoint_dir=str(source.location), generate_tokens=0, timeout=timeout)
@@ -77,11 +78,15 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
     job: dict[str, Any] = {"out_dir": str(out_dir), "ids": ids, "keep": keep, "rows": rows}
     if native_config is not None:
         cfg = dict(native_config)
-        cfg["num_hidden_layers"], cfg["vocab_size"] = keep, rows
+        cfg["vocab_size"] = rows
+        if truncate:
+            cfg["num_hidden_layers"] = keep
         job["native_config"] = cfg
     else:
         job["class_ref"] = class_ref
-        job["config"] = _set(_set(json.loads((out_dir / "config.json").read_text(encoding="utf-8")), "layers", keep), "vocab", rows)
+        job["attn"] = ref.result.get("attn_default")  # the same implementation as the original's run
+        ported = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+        job["config"] = _set(_set(ported, "layers", keep) if truncate else ported, "vocab", rows)
     with private_root("hfcheck-real-weights-") as root:
         (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
         bootstrap = "from hfcheck.porter.port.realweights import child_main; child_main()"
@@ -139,7 +144,10 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
             cfg = AutoConfig.from_pretrained(str(staged), trust_remote_code=True, local_files_only=True)
             cls = get_class_from_dynamic_module(ref, str(staged), local_files_only=True)
             with empty_weights(torch, params_only=True):
-                model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+                if job.get("attn"):
+                    model = cls._from_config(cfg, attn_implementation=job["attn"], dtype=torch.float32)
+                else:
+                    model = cls._from_config(cfg, dtype=torch.float32)
         stage = "loading the converted checkpoint"
         state, missing = checkpoint_state(model, job["out_dir"], torch)
         params = {n for n, _ in model.named_parameters()}

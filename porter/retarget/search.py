@@ -174,6 +174,9 @@ def _load_same_names(native_cfg: dict[str, Any], state: dict[str, Any]):
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     with tempfile.TemporaryDirectory(prefix="hfcheck-samenames-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(native_cfg))

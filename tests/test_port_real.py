@@ -1,0 +1,236 @@
+"""``hfcheck port`` on real Hub remote code (``../shared/fixtures/remote-real``).
+
+The originals run unmodified in the transformers release their config.json declares (cached
+reference environments under ``$HFCHECK_ENV_DIR``); the outputs run in the current one. Random
+weights are made by the original code itself (``porter.reference.sample``); nothing comes from
+the network but the reference environments' packages (PyPI, built once per machine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+REAL = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "remote-real"
+pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/fixtures/remote-real is not here")
+
+
+def port_json(src: Path, out: Path, *extra: str) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    from hfcheck.porter.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["port", str(src), "--out", str(out), "--format", "json", *extra])
+    return code, json.loads(buf.getvalue())
+
+
+def digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def checks(result: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in result["proof"]["checks"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "arch", "model_type", "release", "how"),
+    [
+        ("internlm-20b", "LlamaForCausalLM", "llama", "4.33.1", "vllm-native"),
+        ("qwen-7b", "Qwen2ForCausalLM", "qwen2", "4.32.0", "vllm-native"),
+        ("falcon-7b-instruct-rw", "FalconForCausalLM", "falcon", "4.27.4", "vllm-native"),
+    ],
+)
+def test_real_remote_code_is_retargeted_and_proven(name, arch, model_type, release, how, tmp_path):
+    src = REAL / name
+    before = digest(src)
+    out = tmp_path / "out"
+    code, result = port_json(src, out)
+    assert code == 0 and result["status"] == "ported", result["message"]
+    assert result["path"] == "retarget" and result["retarget"]["target"] == arch
+    # the original ran in the release it declares, not patched
+    assert result["reference"]["transformers"] == release and "declared in config.json" in result["reference"]["why"]
+    assert result["reference"]["peak_rss_bytes"] < 2 * 1024**3
+    got = checks(result)
+    for check in ("random weights, eager", "random weights, sdpa"):
+        assert got[check]["ok"] and got[check]["max_rel_error"] <= 1e-4 and got[check]["argmax_agreement"] == 1.0
+    assert any(n.startswith("greedy generate") and c["ok"] for n, c in got.items())
+    # a native folder: the native model_type at full size, no model code left
+    config = json.loads((out / "config.json").read_text())
+    original = json.loads((src / "config.json").read_text())
+    assert config["model_type"] == model_type and config["architectures"] == [arch] and "auto_map" not in config
+    assert not [p.name for p in out.glob("*.py") if p.name.startswith(("modeling_", "modelling_", "configuration_"))]
+    from transformers import AutoConfig
+
+    native = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    assert native.hidden_size == original["hidden_size"]
+    assert native.num_hidden_layers == original.get("num_hidden_layers", original.get("n_layer"))
+    assert native.vocab_size == original["vocab_size"]
+    assert result["served"]["how"] == how and result["served"]["command"].startswith(f"vllm serve {out}")
+    report = (out / "PORT.md").read_text()
+    assert "**Path taken:** retarget" in report and f"transformers {release}" in report and "## How vLLM serves it" in report
+    assert digest(src) == before  # the original folder is untouched
+
+
+def test_qwen_v1_says_where_the_functions_differ(tmp_path):
+    code, result = port_json(REAL / "qwen-7b", tmp_path / "out")
+    assert code == 0
+    notes = " ".join(result["retarget"]["notes"])
+    assert "use_logn_attn" in notes and "use_dynamic_ntk" in notes and "8192" in notes
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 8192  # the trained length, where the functions are equal
+    assert config["intermediate_size"] == 11008  # Qwen's MLP is half its intermediate_size
+    choices = result["retarget"]["choices"]
+    assert choices["gate/up"] == "gate=mlp.w2, up=mlp.w1" and "c_attn packed" in choices["q/k/v"]
+
+
+@pytest.mark.parametrize(("name", "file", "line"), [("mpt-7b", "attention.py", 254), ("baichuan2-13b-chat", "modeling_baichuan.py", None)])
+def test_alibi_models_are_refused_naming_the_line(name, file, line, tmp_path):
+    out = tmp_path / "out"
+    code, result = port_json(REAL / name, out)
+    assert code == 1 and result["status"] == "refused" and result["path"] == "refused"
+    assert "ALiBi" in result["message"] and "no ALiBi slopes" in result["message"]
+    [where] = result["not_ported"]
+    assert where["file"] == file and (line is None or where["where"] == f"line {line}")
+    assert f"{file}:" in result["message"]
+    assert not out.exists()  # nothing written
+
+
+def test_mpt_equal_native_class_is_named_but_not_taken(tmp_path):
+    _, result = port_json(REAL / "mpt-7b", tmp_path / "out")
+    assert "MptForCausalLM: computes the same function" in result["message"]
+    assert "neither natively nor through its transformers backend" in result["message"]
+
+
+@pytest.fixture(scope="module")
+def internlm_sample(tmp_path_factory):
+    from hfcheck.porter.reference.sample import write_sample
+
+    return write_sample(REAL / "internlm-20b", tmp_path_factory.mktemp("sample") / "internlm-small")
+
+
+def test_checkpoint_is_converted_and_proven_on_real_weights(internlm_sample, tmp_path):
+    out = tmp_path / "out"
+    code, result = port_json(internlm_sample, out)
+    assert code == 0 and result["status"] == "ported", result["message"]
+    assert result["weights"]["format"] == "safetensors" and result["weights"]["unused"] == []
+    real = [c for n, c in checks(result).items() if n.startswith("real weights")]
+    assert real and real[0]["ok"] and real[0]["max_rel_error"] <= 1e-4 and real[0]["peak_rss_bytes"] < 2 * 1024**3
+    # the output loads with transformers alone and generates
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    gen = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False)
+    assert gen.shape == (1, 6)
+    plan = json.loads((out / "weight_plan.json").read_text())
+    assert plan["layers"] == 2 and any(r["out"] == "model.layers.{i}.self_attn.q_proj.weight" for r in plan["recipes"])
+
+
+def test_a_wrong_reading_is_caught_by_the_proof(internlm_sample):
+    """Swap gate and up in the proven plan: the logits no longer match."""
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.port.retarget_path import find_retarget
+    from hfcheck.porter.reference.establish import establish
+    from hfcheck.porter.retarget.plan import convert_state
+    from hfcheck.porter.retarget.search import build_native, compare
+
+    reference = establish(resolve(str(internlm_sample)))
+    outcome = find_retarget(reference)
+    assert outcome.found is not None
+    plan = [dict(r) for r in outcome.found.plan]
+    for r in plan:
+        if r["out"].endswith("gate_proj.weight"):
+            r["src"] = r["src"].replace("gate_proj", "up_proj")
+        elif r["out"].endswith("up_proj.weight"):
+            r["src"] = r["src"].replace("up_proj", "gate_proj")
+    model = build_native(outcome.found.native_tiny_config)
+    model.load_state_dict(convert_state(plan, reference.num_layers, reference.run.state))
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(reference.input_ids)).logits
+    assert not compare(reference.run.logits, logits)["ok"]
+
+
+def test_truncation_keeps_the_proof_under_budget():
+    from hfcheck.porter.port.realweights import TENSOR_BUDGET_BYTES, truncation
+
+    hidden, inter = 5120, 13824
+    meta = {f"model.layers.0.{n}": s for n, s in {"q.weight": [hidden, hidden], "k.weight": [hidden, hidden], "v.weight": [hidden, hidden],
+                                                   "o.weight": [hidden, hidden], "gate.weight": [inter, hidden], "up.weight": [inter, hidden],
+                                                   "down.weight": [hidden, inter]}.items()}
+    keep, rows, layer_bytes = truncation(meta, "model.layers", 60, 103168, hidden)
+    assert keep == 0 and layer_bytes > TENSOR_BUDGET_BYTES  # 20B: one float32 layer alone is 1.3 GB
+    small = {k: [d // 4 for d in v] for k, v in meta.items()}
+    keep, rows, _ = truncation(small, "model.layers", 60, 103168, hidden // 4)
+    assert keep == 2 and rows == 2048
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_code_that_does_not_parse_is_one_line_exit_2(tmp_path, capsys):
+    from hfcheck.porter.cli import main
+
+    src = _copy(REAL / "internlm-20b", tmp_path / "broken")
+    (src / "modeling_internlm.py").write_text((src / "modeling_internlm.py").read_text() + "\ndef broken(:\n")
+    assert main(["port", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "modeling_internlm.py:" in err[0] and "does not parse" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_auto_map_file_is_one_line_exit_2(tmp_path, capsys):
+    from hfcheck.porter.cli import main
+
+    src = _copy(REAL / "internlm-20b", tmp_path / "missing")
+    (src / "modeling_internlm.py").unlink()
+    assert main(["port", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "modeling_internlm" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit", ["version", "import"])
+def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monkeypatch):
+    """A declared transformers release that does not exist, or an import no registry has: pip
+    is asked (offline here: no index), fails, and the port says so in one line."""
+    from hfcheck.porter.cli import main
+
+    from hfcheck.porter.reference.environments import env_root
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: only wheels already on this machine
+    src = _copy(REAL / "internlm-20b", tmp_path / "model")
+    if edit == "version":
+        config = json.loads((src / "config.json").read_text())
+        config["transformers_version"] = "4.99.0"
+        (src / "config.json").write_text(json.dumps(config))
+    else:
+        text = (src / "modeling_internlm.py").read_text()
+        (src / "modeling_internlm.py").write_text(text.replace("import torch\n", "import torch\nimport hfcheck_no_such_package_anywhere\n", 1))
+    before = digest(src)
+    assert main(["port", str(src), "--out", str(tmp_path / "out")]) == 2
+    text = capsys.readouterr().err
+    err = [line for line in text.splitlines() if not line.startswith("port: ")]  # progress lines aside
+    assert len(err) == 1 and "reference environment cannot be built" in err[0] and "Traceback" not in text
+    assert ("4.99.0" in err[0]) if edit == "version" else ("hfcheck-no-such-package-anywhere" in err[0] or "hfcheck_no_such" in err[0])
+    assert not (tmp_path / "out").exists() and digest(src) == before
+    assert not list(env_root().glob("transformers-4.99.0-*"))  # no half-built environment left
