@@ -1,0 +1,126 @@
+"""What vLLM's transformers backend actually did, read from its own log, and how that compares
+with hfcheck's prediction for the same model.
+
+vLLM logs one INFO line per decision from the worker process (``base.py`` ``recursive_replace``,
+``moe.py``), in 0.32 and 0.33 alike:
+
+- ``Fused: q_proj + k_proj + v_proj (self_attn: Qwen3Attention) -> qkv_proj (QKVParallelLinear)``
+- ``Fused: c_attn (attn: GPT2Attention) -> QKVParallelLinear`` (a packed projection split)
+- ``Fused: gate_proj + up_proj (mlp: LlamaMLP) -> gate_up_proj (MergedColumnParallelLinear)`` (GLU)
+- ``Fused: a_proj + b_proj (x: Cls) -> merged_proj_6_a_proj_6_b_proj (MergedColumnParallelLinear)``
+- ``Fused: q_norm (Qwen3RMSNorm) -> RMSNorm (CustomOp)`` (or ``GemmaRMSNorm``)
+- ``Fused: self_attn (DeepseekV3Attention) -> MLAAttention (attention interface)``
+- ``Found: self_attn (Qwen3Attention) -> attention interface``
+- ``Fused: gate + experts [+ shared experts] (Block) -> MoERunner (internal routing)``,
+  ``Fused: experts (Experts) -> MoERunner (external routing)``
+
+Messages are logged once per process (``info_once``), keyed by class: enough to compare per
+module class, which is how hfcheck reports fusions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_FUSED = re.compile(r"Fused: (?P<src>.+?) \((?:(?P<attr>[\w.]+): )?(?P<cls>\w+)\) -> (?P<dst>.+)$")
+_FOUND = re.compile(r"Found: (?P<attr>[\w.]+) \((?P<cls>\w+)\) -> attention interface")
+_ERROR = re.compile(r"(?:Error|Exception|error)\W*:?\s*(.+)$")
+
+
+@dataclass
+class RuntimeDecisions:
+    backend: bool = False  # "Using Transformers modeling backend." was logged
+    fusions: dict[str, set[str]] = field(default_factory=dict)  # module class -> hfcheck fusion names
+    attention: set[str] = field(default_factory=set)  # classes dispatching through the interface
+    moe: dict[str, str] = field(default_factory=dict)  # block/experts class -> "internal" | "external"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transformers_backend": self.backend, "fusions": {k: sorted(v) for k, v in sorted(self.fusions.items())},
+                "attention": sorted(self.attention), "moe": dict(sorted(self.moe.items()))}
+
+
+def _fusion_of(src: str, dst: str) -> str | None:
+    if "MoERunner" in dst:
+        return None
+    if "MLAAttention" in dst:
+        return "mla"
+    if "RMSNorm" in dst:
+        return "rms_norm"
+    if dst.strip() == "QKVParallelLinear":
+        return "packed_qkv"
+    if "QKVParallelLinear" in dst:
+        return "qkv"
+    if "MergedColumnParallelLinear" in dst:
+        return "glu" if dst.startswith("gate_up_proj") else "merged_column"
+    return None
+
+
+def parse(log: str) -> RuntimeDecisions:
+    out = RuntimeDecisions()
+    for line in log.splitlines():
+        if "Using Transformers modeling backend" in line:
+            out.backend = True
+        m = _FOUND.search(line)
+        if m:
+            out.attention.add(m.group("cls"))
+            continue
+        m = _FUSED.search(line)
+        if not m:
+            continue
+        src, cls, dst = m.group("src"), m.group("cls"), m.group("dst").strip()
+        if "MoERunner" in dst:
+            out.moe[cls] = "internal" if "internal" in dst else "external"
+            continue
+        name = _fusion_of(src, dst)
+        if name:
+            out.fusions.setdefault(cls, set()).add(name)
+            if name == "mla":
+                out.attention.add(cls)
+    return out
+
+
+def load_error(log: str) -> str | None:
+    """The line that says why vLLM did not start (the last exception-looking line)."""
+    candidates = []
+    for line in log.splitlines():
+        text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()
+        text = re.sub(r"^(ERROR|WARNING|INFO) \d\d-\d\d [\d:]+ \[[^\]]+\]\s*", "", text)
+        if re.match(r"^(\w+Error|\w+Exception|NotImplementedError|AssertionError)\b", text) or "does not dispatch through" in text \
+                or "is not compatible with vLLM" in text or "Cannot find model module" in text:
+            candidates.append(text)
+    return candidates[-1][:400] if candidates else None
+
+
+def predicted(report: dict[str, Any]) -> RuntimeDecisions:
+    """hfcheck's prediction in the same shape (from a scan report)."""
+    out = RuntimeDecisions(backend=report.get("verdict") in ("native-speed", "runs"))
+    for m in report.get("modules", []):
+        names = {f for f in m.get("fusions", []) if f in ("qkv", "packed_qkv", "glu", "merged_column", "rms_norm", "mla")}
+        if names:
+            out.fusions[m["class"]] = names
+        if m.get("attention_interface"):
+            out.attention.add(m["class"])
+    for block in report.get("moe", []):
+        if block.get("experts_replaceable"):
+            if block.get("block_taken_over"):
+                out.moe[block["class"]] = "internal"
+            else:
+                out.moe[block.get("experts_class") or block["class"]] = "external"
+    return out
+
+
+def differences(got: RuntimeDecisions, want: RuntimeDecisions) -> list[str]:
+    """What vLLM did that hfcheck did not predict, and the other way round (one line each)."""
+    diffs = []
+    for cls in sorted(set(got.fusions) | set(want.fusions)):
+        a, b = got.fusions.get(cls, set()), want.fusions.get(cls, set())
+        if a != b:
+            diffs.append(f"{cls}: vLLM fused {sorted(a) or 'nothing'}, hfcheck predicted {sorted(b) or 'nothing'}")
+    for cls in sorted(got.attention ^ want.attention):
+        diffs.append(f"{cls}: attention interface {'found by vLLM, not predicted' if cls in got.attention else 'predicted, not found by vLLM'}")
+    for cls in sorted(set(got.moe) | set(want.moe)):
+        if got.moe.get(cls) != want.moe.get(cls):
+            diffs.append(f"{cls}: vLLM MoE routing {got.moe.get(cls, 'not replaced')}, hfcheck predicted {want.moe.get(cls, 'not replaced')}")
+    return diffs
