@@ -26,13 +26,14 @@ SARIF_SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-schema-2.1.0.json").
 @pytest.fixture(scope="module")
 def blocked(tmp_path_factory):
     """(folder, analysis, report): a small qwen3 whose architecture transformers does not know:
-    HFC101 fails (blocker), HFC102 is inconclusive, HFC502 warns (TP 8 with 4 heads)."""
+    HFC101 fails (blocker), HFC102 is inconclusive, HFC302 warns (relu has no fused act-and-mul
+    kernel: the MLP only merges). TP 8 with 4 heads is only noted: native vLLM refuses it too."""
     from hfcheck.analyzer.analysis import analyse
     from hfcheck.analyzer.report import build_report
     from hfcheck.analyzer.sources import resolve
 
     folder = write_model(tmp_path_factory.mktemp("models") / "my-model", "qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         hidden_size=128, intermediate_size=256, num_hidden_layers=2)
+                         hidden_size=128, intermediate_size=256, num_hidden_layers=2, hidden_act="relu")
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = ["MyNewLMForCausalLM"]
     (folder / "config.json").write_text(json.dumps(config))
@@ -69,7 +70,7 @@ def test_sarif_validates_against_the_official_schema(blocked):
     run = log["runs"][0]
     assert log["version"] == "2.1.0" and run["tool"]["driver"]["name"] == "hfcheck"
     by_rule = {r["ruleId"]: r for r in run["results"]}
-    assert by_rule["HFC101"]["level"] == "error" and by_rule["HFC502"]["level"] == "warning" and by_rule["HFC102"]["level"] == "note"
+    assert by_rule["HFC101"]["level"] == "error" and by_rule["HFC302"]["level"] == "warning" and by_rule["HFC102"]["level"] == "note"
     loc = by_rule["HFC101"]["locations"][0]["physicalLocation"]
     assert loc == {"artifactLocation": {"uri": "models/my-model/config.json"}, "region": {"startLine": 1}}
     assert "HFC103" not in by_rule  # info and pass are not results
@@ -117,7 +118,7 @@ def test_github_annotations(blocked):
     text = render_github(report, model_dir="my-model")
     lines = text.splitlines()
     assert "::error file=my-model/config.json,line=1,title=HFC101 transformers-class-found::" in text
-    assert any(line.startswith("::warning file=my-model/config.json,line=1,title=HFC502 tp-sizes::") for line in lines)
+    assert any(line.startswith("::warning file=my-model/config.json,line=1,title=HFC302 glu-fusion::") for line in lines)
     assert any(line.startswith("::notice file=my-model/config.json,line=1,title=HFC102 ") and "inconclusive" in line for line in lines)
     assert sum(line.startswith("::error file=my-model/modeling_x.py,line=42,") for line in lines) == 1
     # message escaping: newline and % in the data; ":" and "," only in properties
@@ -142,7 +143,7 @@ def test_policy_selection_changes_the_exit_code(blocked, tmp_path):
     applied = policy.apply(report)
     assert "HFC101" not in statuses(applied) and applied["policy"]["ignored"] == ["HFC101"]
     assert policy.exit_code(applied) == 0
-    assert applied["policy"]["score"] == 100 - 5 - 4  # HFC102 inconclusive, HFC502 warning
+    assert applied["policy"]["score"] == 100 - 5 - 4  # HFC102 inconclusive, HFC302 warning
     assert applied["score"] == report["score"] == 20  # hfcheck's own score is not rewritten
     assert policy.exit_code(applied, fail_under=95) == 1  # the command line's gate wins
 

@@ -55,7 +55,10 @@ def test_scan_gpt_oss_mxfp4_blocked_exit_1(tmp_path):
     run = hfcheck("scan", "openai/gpt-oss-20b", "--format", "json", tmp_path=tmp_path)
     assert run.returncode == 1
     report = json.loads(run.stdout)
-    assert report["verdict"] == "blocked" and report["serve_command"] is None
+    assert report["verdict"] == "blocked"
+    # the transformers backend refuses MXFP4; vLLM's native GptOss implementation serves it
+    assert report["serve"]["implementation"] == "native" and report["serve_command"] == "vllm serve openai/gpt-oss-20b"
+    assert "mxfp4" in report["serve"]["note"]
 
 
 def test_fail_under(tmp_path):

@@ -121,7 +121,10 @@ def test_gpt_oss_sinks_biased_experts_and_mxfp4(scan_type):
 )
 def test_linear_layers_block(scan_type, model_type, kind):
     r = scan_type(model_type)
-    assert r["verdict"] == "blocked" and r["serve_command"] is None
+    assert r["verdict"] == "blocked"
+    # never the transformers backend; vLLM's own implementation where it has one
+    assert r["serve"]["implementation"] == ("native" if r["model"]["vllm_native"] else None)
+    assert "--model-impl" not in (r["serve_command"] or "") and (r["serve_command"] is None) == (not r["model"]["vllm_native"])
     blocking = [layer for layer in r["layers"] if not layer["attention_interface"]]
     assert blocking and all(layer["type"] == kind for layer in blocking)
     (finding,) = [c for c in check(r, "HFC201") if c["status"] == "fail"]

@@ -12,7 +12,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from hfcheck.analyzer.render.text import STATUS_MARK
+from hfcheck.analyzer.render.text import NO_COMMAND, STATUS_MARK
 from hfcheck.tui.rows import CANCELLED, QUEUED, SCANNING, VERDICT_STYLE, Entry
 
 LAYERS_PER_LINE = 64
@@ -60,10 +60,14 @@ def report_detail(report: dict[str, Any], cached: bool = False) -> RenderableTyp
     if report.get("blockers"):
         parts += [Text(""), Text("Blockers", style="bold red")]
         parts += [Text(f"  ✗ {b}", style="red") for b in report["blockers"]]
+    serve = report.get("serve") or {}
     if report.get("serve_command"):
-        parts += [Text(""), Text.assemble(("Run it: ", "bold"), (report["serve_command"], "bold cyan"))]
+        label = "Run it (vLLM's native implementation): " if serve.get("implementation") == "native" else "Run it: "
+        parts += [Text(""), Text.assemble((label, "bold"), (report["serve_command"], "bold cyan"))]
+        if serve.get("note"):
+            parts.append(Text(serve["note"], style="yellow"))
     else:
-        parts += [Text(""), Text("No vllm serve command: vLLM's transformers backend would refuse this model.", style="red")]
+        parts += [Text(""), Text(f"No vllm serve command: {serve.get('note') or NO_COMMAND}", style="red")]
     parts += [Text(""), _checks(report)]
     if report.get("modules"):
         parts += [Text(""), _modules(report)]
@@ -138,9 +142,11 @@ def _parallel(report: dict[str, Any]) -> RenderableType:
     rows: list[RenderableType] = [table]
     plan = tp.get("plan")
     rows.append(Text(f"TP plan: {plan['source']} ({len(plan['entries'])} entries)" if plan else "TP plan: none", style="dim"))
+    scopes = tp.get("refusal_scope") or {}
     for size, reasons in (tp.get("refusals") or {}).items():
         if reasons:
-            rows.append(Text(f"TP {size} refused: {'; '.join(str(r) for r in reasons[:2])}", style="yellow"))
+            who = "not possible with any vLLM backend" if scopes.get(size) == "any-backend" else "refused"
+            rows.append(Text(f"TP {size} {who}: {'; '.join(str(r) for r in reasons[:2])}", style="dim" if scopes.get(size) == "any-backend" else "yellow"))
     return Group(*rows)
 
 

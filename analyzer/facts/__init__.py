@@ -159,10 +159,29 @@ def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str]:
     return config, config.get("model_type", "")
 
 
+def _count(value: Any) -> int | None:
+    """A count as an int: per-layer lists give their largest entry (the model-wide value, as in
+    vLLM's config conversion); anything that is no count gives None."""
+    from hfcheck.analyzer.facts.config_fields import as_count
+
+    if isinstance(value, (list, tuple)):
+        counts = [c for c in map(as_count, value) if c is not None]
+        return max(counts) if counts else None
+    return as_count(value)
+
+
+def _scaling(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value else 1.0
+
+
 def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
-    """(facts, transformers config object or None) for a parsed config.json."""
-    if not isinstance(config, dict):
-        raise FactsError("config.json does not hold a JSON object")
+    """(facts, transformers config object or None) for a parsed config.json.
+
+    The config is type-checked first, once (``config_fields.check_config``); every value read
+    after that is of the type its fact declares."""
+    from hfcheck.analyzer.facts.config_fields import check_config
+
+    check_config(config)
     model_type = config.get("model_type")
     if not model_type and not config.get("architectures"):
         raise FactsError("config.json names neither model_type nor architectures")
@@ -174,20 +193,22 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     text, text_type = _text_view(config, cfg_obj)
     get = lambda *names, default=None: first_of(text, names, default)  # noqa: E731
 
-    num_layers = get(*V.LAYER_FIELDS)
-    if not isinstance(num_layers, int) or num_layers <= 0:
+    num_layers = _count(get(*V.LAYER_FIELDS))
+    if num_layers is None or num_layers <= 0:
         raise FactsError("config.json has no layer count (num_hidden_layers)")
-    hidden = get(*V.HIDDEN_FIELDS)
-    heads = get(*V.HEAD_FIELDS)
-    kv_heads = get(*V.KV_HEAD_FIELDS, default=heads)
+    hidden = _count(get(*V.HIDDEN_FIELDS))
+    heads = _count(get(*V.HEAD_FIELDS))
+    kv_heads = _count(get(*V.KV_HEAD_FIELDS, default=heads))
     if isinstance(text, dict) and text.get("multi_query_attention") is False:
         kv_heads = heads
-    head_dim = get(*V.HEAD_DIM_FIELDS)
-    if not isinstance(head_dim, int) and isinstance(hidden, int) and isinstance(heads, int) and heads:
+    head_dim = _count(get(*V.HEAD_DIM_FIELDS))
+    if head_dim is None and hidden and heads:
         head_dim = hidden // heads
-    num_experts = get(*V.EXPERT_COUNT_FIELDS, default=0) or 0
+    num_experts = _count(get(*V.EXPERT_COUNT_FIELDS, default=0)) or 0
     quant = config.get("quantization_config") or (text.get("quantization_config") if isinstance(text, dict) else None) or {}
     dtype = config.get("torch_dtype") or config.get("dtype") or get("torch_dtype", "dtype") or "bfloat16"
+    if not isinstance(quant, dict):
+        quant = {}
     native, table_version = vllm_has_native(list(config.get("architectures") or []))
     types = derive_layer_types(text)
     facts = ModelFacts(
@@ -202,29 +223,29 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=get(*V.INTERMEDIATE_FIELDS),
-        vocab_size=get(*V.VOCAB_FIELDS),
+        intermediate_size=_count(get(*V.INTERMEDIATE_FIELDS)),
+        vocab_size=_count(get(*V.VOCAB_FIELDS)),
         layer_types=types,
-        num_experts=int(num_experts) if isinstance(num_experts, int) else 0,
-        top_k=get(*V.TOP_K_FIELDS),
-        moe_intermediate_size=get(*V.MOE_INTERMEDIATE_FIELDS),
-        num_shared_experts=int(get(*V.SHARED_EXPERT_FIELDS, default=0) or 0),
-        first_dense_layers=int(get("first_k_dense_replace", default=0) or 0),
-        kv_lora_rank=get("kv_lora_rank"),
-        q_lora_rank=get("q_lora_rank"),
-        qk_nope_head_dim=get("qk_nope_head_dim"),
-        qk_rope_head_dim=get("qk_rope_head_dim"),
-        v_head_dim=get("v_head_dim"),
-        quant_method=(quant.get("quant_method") if isinstance(quant, dict) else None),
-        weight_block_size=(quant.get("weight_block_size") if isinstance(quant, dict) else None),
+        num_experts=num_experts,
+        top_k=_count(get(*V.TOP_K_FIELDS)),
+        moe_intermediate_size=_count(get(*V.MOE_INTERMEDIATE_FIELDS)),
+        num_shared_experts=_count(get(*V.SHARED_EXPERT_FIELDS, default=0)) or 0,
+        first_dense_layers=_count(get("first_k_dense_replace", default=0)) or 0,
+        kv_lora_rank=_count(get("kv_lora_rank")),
+        q_lora_rank=_count(get("q_lora_rank")),
+        qk_nope_head_dim=_count(get("qk_nope_head_dim")),
+        qk_rope_head_dim=_count(get("qk_rope_head_dim")),
+        v_head_dim=_count(get("v_head_dim")),
+        quant_method=quant.get("quant_method") if isinstance(quant.get("quant_method"), str) else None,
+        weight_block_size=quant.get("weight_block_size") if isinstance(quant.get("weight_block_size"), list) else None,
         dtype=str(dtype).replace("torch.", ""),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", get("tie_word_embeddings", default=False))),
-        sliding_window=get("sliding_window") if isinstance(get("sliding_window"), int) else None,
-        max_position_embeddings=get("max_position_embeddings", "seq_length", "n_positions"),
-        routed_scaling_factor=float(get("routed_scaling_factor", default=1.0) or 1.0),
+        sliding_window=_count(get("sliding_window")) if not isinstance(get("sliding_window"), (list, tuple)) else None,
+        max_position_embeddings=_count(get("max_position_embeddings", "seq_length", "n_positions")),
+        routed_scaling_factor=_scaling(get("routed_scaling_factor", default=1.0)),
         vllm_native=native,
         vllm_table_version=table_version,
     )
-    if facts.num_shared_experts == 0 and get("shared_expert_intermediate_size"):
+    if facts.num_shared_experts == 0 and _count(get("shared_expert_intermediate_size")):
         facts.num_shared_experts = 1
     return facts, cfg_obj

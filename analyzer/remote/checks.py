@@ -19,6 +19,7 @@ from typing import Any
 
 from hfcheck.analyzer.remote import removed_apis
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex, FileIndex
+from hfcheck.analyzer.remote.serving import serving_environment
 
 # --------------------------------------------------------------------------- data
 
@@ -820,7 +821,10 @@ def _forward_reads(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
 
 
 def check_removed_apis(index: CodeIndex) -> Iterator[CodeFinding]:
-    version = removed_apis.transformers_version()
+    """Judged against the transformers releases the modelled vLLM accepts (where the code runs),
+    not the transformers hfcheck itself runs on."""
+    env = serving_environment()
+    where = env.transformers_label
     hits = 0
     for file in index.files.values():
         if file.tree is None:
@@ -832,26 +836,30 @@ def check_removed_apis(index: CodeIndex) -> Iterator[CodeFinding]:
             if api is None:
                 continue
             hits += 1
-            present = removed_apis.still_installed(api)
+            present = env.transformers_still_has(api.gone_in)
             what = f"imports {imp.qualified}"
-            if present:
-                yield CodeFinding("HFC811", "warn", file.path, imp.line, f"{what}: still in the installed transformers {version}, removed in {api.gone_in} (last in {api.last_seen})",
+            gone = f"removed in transformers {api.gone_in} (last in {api.last_seen})"
+            if present == "all":
+                yield CodeFinding("HFC811", "warn", file.path, imp.line, f"{what}: still in {where}, {gone}: a later vLLM will refuse the code",
                                   f"Stop using it before upgrading: {api.replacement}.")
+            elif present == "some":
+                yield CodeFinding("HFC811", "warn", file.path, imp.line, f"{what}: {gone}; only some of {where} still have it",
+                                  f"Stop using it: {api.replacement}.")
             elif imp.in_try:
-                yield CodeFinding("HFC811", "warn", file.path, imp.line, f"{what}: removed in transformers {api.gone_in} (last in {api.last_seen}); the ImportError is caught here",
+                yield CodeFinding("HFC811", "warn", file.path, imp.line, f"{what}: {gone}; the ImportError is caught here",
                                   f"Remove the fallback: {api.replacement}.")
             else:
-                yield CodeFinding("HFC811", "fail", file.path, imp.line, f"{what}: removed in transformers {api.gone_in} (last in {api.last_seen}); importing the code fails on {version}",
+                yield CodeFinding("HFC811", "fail", file.path, imp.line, f"{what}: {gone}; importing the code fails with {where}",
                                   f"{api.replacement[0].upper()}{api.replacement[1:]}.")
         for node in ast.walk(file.tree):
             if isinstance(node, ast.Attribute) and (api := removed_apis.match_attribute(node.attr)) is not None:
                 hits += 1
-                present = removed_apis.still_installed(api)
-                state = f"still on the installed {version}" if present else f"AttributeError on {version} when this path runs"
+                present = env.transformers_still_has(api.gone_in)
+                state = {"all": f"still in {where}", "some": f"only some of {where} still have it"}.get(present, f"AttributeError with {where} when this path runs")
                 yield CodeFinding("HFC811", "warn", file.path, node.lineno, f"uses .{node.attr} (a Cache method removed in transformers {api.gone_in}, last in {api.last_seen}): {state}",
                                   f"{api.replacement[0].upper()}{api.replacement[1:]}.")
     if not hits:
-        yield CodeFinding("HFC811", "pass", None, None, f"no transformers API removed in v5 is used (checked against the installed {version})")
+        yield CodeFinding("HFC811", "pass", None, None, f"no transformers API removed in v5 is used (judged for {where})")
 
 
 # --------------------------------------------------------------------------- HFC812: packages
@@ -907,33 +915,29 @@ def _installed(top: str) -> bool:
 
 
 def check_packages(index: CodeIndex) -> Iterator[CodeFinding]:
-    stdlib = set(getattr(sys, "stdlib_module_names", ()))
+    """Unguarded imports are judged in the serving environment (the modelled vLLM release's
+    dependency closure), not in hfcheck's own venv: vLLM brings einops, not flash_attn."""
+    env = serving_environment()
     hits = 0
     for file in index.files.values():
         if file.tree is None:
             continue
         for top, line in unguarded_imports(file).items():
-            if top in stdlib or top in ("torch", "transformers"):
+            if env.provides(top):
                 continue
-            installed = _installed(top)
+            hits += 1
             if top in CUDA_ONLY:
-                hits += 1
-                if installed:
-                    yield CodeFinding("HFC812", "warn", file.path, line, f"imports {top} unconditionally: {CUDA_ONLY[top]}; loading the code needs it on every machine, GPU or not",
-                                      f"Guard it: `if is_flash_attn_2_available(): from {top} import ...` (or try/except ImportError).")
-                else:
-                    yield CodeFinding("HFC812", "fail", file.path, line, f"imports {top} unconditionally ({CUDA_ONLY[top]}), not installed here: transformers refuses to load the code ('requires the following packages that were not found')",
-                                      f"Guard the import with `if is_*_available():` or try/except ImportError, or install {top} (needs a CUDA build).")
-            elif not installed:
-                hits += 1
-                yield CodeFinding("HFC812", "fail", file.path, line, f"imports {top}, which is not installed: transformers' check_imports refuses to load the code",
-                                  f"pip install {top} on the serving machine, or guard the import.")
+                yield CodeFinding("HFC812", "fail", file.path, line, f"imports {top} unconditionally ({CUDA_ONLY[top]}), which is not in {env.label}: transformers' check_imports refuses to load the code ('requires the following packages that were not found')",
+                                  f"Guard the import with `if is_*_available():` or try/except ImportError, or install {top} (a CUDA build) into vLLM's environment.")
+            else:
+                yield CodeFinding("HFC812", "fail", file.path, line, f"imports {top}, which is not in {env.label} (vLLM does not install it): transformers' check_imports refuses to load the code",
+                                  f"pip install {top} into vLLM's environment on the serving machine, or guard the import.")
         for call, name in _calls_to(file, file.tree, lambda n: n in _KERNEL_LOADERS or n.endswith(("cpp_extension.load", "cpp_extension.load_inline"))):
             hits += 1
             yield CodeFinding("HFC812", "warn", file.path, call.lineno, f"{name}(...) builds or loads a custom native kernel {_where(file, call)}",
                               "Ship kernels as an installable package (or use the kernels hub) and guard their use; vLLM's backend expects plain PyTorch + the attention interface.")
     if not hits:
-        yield CodeFinding("HFC812", "pass", None, None, "every unconditional import is installed; no CUDA-only package or custom kernel")
+        yield CodeFinding("HFC812", "pass", None, None, f"every unconditional import is in {env.label}; no custom kernel")
 
 
 # --------------------------------------------------------------------------- HFC813: fused QKV

@@ -11,6 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 VERDICT_STYLE = {"native-speed": "bold green", "runs": "bold yellow", "blocked": "bold red", "inconclusive": "bold magenta"}
+NO_COMMAND = "vLLM's transformers backend would refuse this model."
+"""Why there is no command, for reports older than schema 1.1 (no ``serve`` note)."""
 STATUS_MARK = {"pass": ("✓", "green"), "fail": ("✗", "red"), "warn": ("!", "yellow"), "info": ("·", "cyan"), "inconclusive": ("?", "magenta")}
 
 
@@ -75,8 +77,14 @@ def render_text(report: dict[str, Any], console: Console, verbose: bool = False)
         console.print(f"{f['code']} {where} {f['message']}", style="yellow", markup=False)
     for line in report.get("missing_code", []):
         console.print(f"Code not analysed: {line}", style="magenta", markup=False)
+    serve = report.get("serve") or {}
     if report["serve_command"]:
-        console.print(Text("Run it:", style="bold"))
+        if serve.get("implementation") == "native":
+            console.print(Text("Run it with vLLM's native implementation:", style="bold"))
+        else:
+            console.print(Text("Run it:", style="bold"))
         console.print(f"  {report['serve_command']}", style="bold cyan", markup=False, soft_wrap=True)
+        if serve.get("note"):
+            console.print(Text(serve["note"], style="yellow"))
     else:
-        console.print(Text("No vllm serve command: vLLM's transformers backend would refuse this model.", style="red"))
+        console.print(Text(f"No vllm serve command: {serve.get('note') or NO_COMMAND}", style="red"))

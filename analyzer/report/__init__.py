@@ -17,10 +17,12 @@ from hfcheck.analyzer.remote import code_findings
 from hfcheck.analyzer.report.memory import estimate, suggested_parallelism
 from hfcheck.analyzer.report.verdict import score_of, verdict_of
 from hfcheck.analyzer.rules.base import Finding
-from hfcheck.analyzer.rules.parallel import inferred_plan, tp_refusals
+from hfcheck.analyzer.rules.parallel import ANY_BACKEND, inferred_plan, refusal_scope, tp_constraints
 from hfcheck.analyzer.rules.registry import RULES
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
+"""1.1: ``serve`` (which implementation the serve command uses, and why) and
+``parallel.tp.refusal_scope`` (whether a refused TP size is refused by every backend)."""
 
 
 def schema() -> dict[str, Any]:
@@ -41,7 +43,9 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     findings = run_rules(analysis)
     facts, obs, source = analysis.facts, analysis.observations, analysis.source
     verdict, score = verdict_of(findings), score_of(findings)
-    refusals = {size: tp_refusals(analysis, size) for size in V.TP_SIZES}
+    constraints = {size: tp_constraints(analysis, size) for size in V.TP_SIZES}
+    refusals = {size: [reason for reason, _ in constraints[size]] for size in V.TP_SIZES}
+    scopes = {size: refusal_scope(constraints[size]) for size in V.TP_SIZES}
     working = [s for s in V.TP_SIZES if not refusals[s]]
     mem = estimate(analysis)
     blockers = [f for f in findings if f.status == "fail" and f.impact == "blocker"]
@@ -85,8 +89,13 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
             tp_plan = {"source": "declared", "entries": obs.tp_plan} if obs.tp_plan else {"source": "inferred", "entries": inferred}
     pp_supported = bool(obs and (obs.pp_plan or len(obs.decoder_module_lists) == 1))
     ep_supported = bool(obs and facts.is_moe and obs.moe_blocks and all(b.experts_replaceable for _, b in obs.moe_blocks))
-    tp, pp = suggested_parallelism(mem, working, pp_supported)
-    command = serve_command(analysis, verdict, tp, pp, ep_supported)
+    implementation = serve_implementation(verdict, facts.vllm_native)
+    if implementation == "native":  # sizes only the transformers backend refuses load natively
+        tp, pp = suggested_parallelism(mem, [s for s in V.TP_SIZES if scopes[s] != ANY_BACKEND], True)
+        command = serve_command(analysis, verdict, tp, pp, facts.is_moe, implementation)
+    else:
+        tp, pp = suggested_parallelism(mem, working, pp_supported)
+        command = serve_command(analysis, verdict, tp, pp, ep_supported)
     return {
         "schema_version": SCHEMA_VERSION,
         "hfcheck_version": hfcheck.__version__,
@@ -115,6 +124,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
                 "plan": tp_plan,
                 "sizes": {str(s): s in working for s in V.TP_SIZES},
                 "refusals": {str(s): refusals[s] for s in V.TP_SIZES if refusals[s]},
+                "refusal_scope": {str(s): scopes[s] for s in V.TP_SIZES if scopes[s]},
             },
             "pp": {"supported": pp_supported, "plan": (list(obs.pp_plan) if obs and obs.pp_plan else (obs.decoder_module_lists if obs else None))},
             "ep": {"supported": ep_supported},
@@ -132,6 +142,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
             else None
         ),
         "serve_command": command,
+        "serve": {"implementation": implementation, "note": serve_note(analysis, implementation, [f.message for f in blockers])},
         "missing_code": list(source.missing_code),
         "code_findings": code_findings(source),
         "analysis": {
@@ -151,12 +162,27 @@ def _trace_state(m) -> dict[str, Any]:
     return {"traced": True, "complete": bool(m.trace_complete), "error": m.trace_error}
 
 
-def serve_command(analysis: Analysis, verdict: str, tp: int | None, pp: int, ep: bool) -> str | None:
-    if verdict == "blocked":
+def serve_implementation(verdict: str, vllm_native: bool | None) -> str | None:
+    """What the serve command runs: the transformers backend unless it refuses the model; then
+    vLLM's native implementation where there is one; otherwise nothing."""
+    if verdict != "blocked":
+        return "transformers"
+    return "native" if vllm_native else None
+
+
+def serve_command(analysis: Analysis, verdict: str, tp: int | None, pp: int, ep: bool, implementation: str = "transformers") -> str | None:
+    """``vllm serve`` for the transformers backend, or (``implementation="native"``) for vLLM's
+    native implementation, which ``--model-impl auto`` (the default) picks."""
+    if implementation == "transformers" and verdict == "blocked":
         return None
     ref = analysis.source.repo_id or analysis.source.location or analysis.source.ref
-    parts = ["vllm", "serve", ref, "--model-impl", "transformers"]
-    if analysis.facts.auto_map:
+    parts = ["vllm", "serve", ref]
+    if implementation == "transformers":
+        parts += ["--model-impl", "transformers"]
+        remote = bool(analysis.facts.auto_map)
+    else:  # the native class is vLLM's own; only a config class transformers lacks is remote code
+        remote = bool(analysis.facts.auto_map) and not analysis.facts.known_to_transformers
+    if remote:
         parts.append("--trust-remote-code")
     if tp and tp > 1:
         parts += ["--tensor-parallel-size", str(tp)]
@@ -165,6 +191,21 @@ def serve_command(analysis: Analysis, verdict: str, tp: int | None, pp: int, ep:
     if ep and tp and tp > 1:
         parts.append("--enable-expert-parallel")
     return " ".join(parts)
+
+
+def serve_note(analysis: Analysis, implementation: str | None, blockers: list[str]) -> str | None:
+    """One sentence on why the command is not the transformers backend's (None when it is)."""
+    if implementation == "transformers":
+        return None
+    facts = analysis.facts
+    why = "; ".join(blockers) or "a blocker check failed"
+    archs = ", ".join(facts.architectures) or "this model"
+    if implementation == "native":
+        return (f"vLLM's native implementation of {archs} (vLLM {facts.vllm_table_version} registry; the default --model-impl auto "
+                f"picks it); the transformers backend (--model-impl transformers) cannot serve it: {why}")
+    native = ("and no architecture is named, so vLLM has no native implementation to use" if facts.vllm_native is None
+              else f"and vLLM has no native implementation of {archs} (vLLM {facts.vllm_table_version} registry)")
+    return f"vLLM's transformers backend cannot serve it ({why}) {native}"
 
 
 def _transformers_version() -> str:

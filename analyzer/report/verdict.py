@@ -1,10 +1,16 @@
 """Findings -> verdict and score. Judgement lives here and only here.
 
+The verdict compares vLLM's transformers backend (``--model-impl transformers``) with vLLM's
+native path for the same model on the same hardware. A limit the native path has too (a TP
+size the head count does not divide, a warning vLLM logs either way) is not a loss: the rules
+report it as ``info`` or ``pass`` and it counts for nothing here.
+
 Verdict:
-- ``blocked``: a blocker check fails (vLLM refuses to load the model).
-- ``runs``: it loads, but a speed or parallel check fails or warns (slower than native,
-  or fewer parallel options).
-- ``native-speed``: every fusion and plan is in place.
+- ``blocked``: a blocker check fails (the transformers backend refuses to load the model;
+  the report still gives the native command when vLLM has a native implementation).
+- ``runs``: it loads, but a speed or parallel check fails or warns: slower than native, or
+  fewer parallel options than native.
+- ``native-speed``: every fusion and plan the native path has is in place.
 - ``inconclusive``: no blocker failed but a blocker check could not be decided.
 
 Score (0-100): start at 100; each failing speed check -15, each failing parallel check

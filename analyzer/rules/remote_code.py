@@ -220,7 +220,7 @@ class RemovedTransformersAPI(_RemoteCodeRule):
     why = (
         "An import of a removed API fails when transformers loads the code (ImportError before any model exists). "
         "A removed Cache method fails only when that path runs (warn). Each finding names the release it vanished "
-        "in and whether the installed transformers still has it."
+        "in and whether the transformers releases the modelled vLLM accepts (its pin, where the code runs) still have it."
     )
     example = "from transformers.modeling_attn_mask_utils import _prepare_4d_causal_attention_mask   # gone in 5.24"
     fix = "Port to the v5 APIs: masks from transformers.masking_utils (or none: the attention interface masks), Cache objects instead of tuples."
@@ -231,11 +231,16 @@ class UnavailablePackages(_RemoteCodeRule):
     code = "HFC812"
     name = "remote-unavailable-packages"
     impact = "blocker"
-    what = "Top-level imports transformers' `get_imports` would require (not in a try block, not under `if is_*_available()`) that are not installed or need CUDA; custom kernels built or loaded at run time."
+    what = (
+        "Top-level imports transformers' `get_imports` would require (not in a try block, not under `if is_*_available()`) "
+        "that the serving environment lacks; custom kernels built or loaded at run time."
+    )
     why = (
         "Before executing remote code, transformers imports every package get_imports lists and refuses the model when "
-        "one is missing ('This modeling file requires the following packages that were not found'). An unguarded "
-        "flash_attn import makes the model unloadable on any machine without a CUDA build of it."
+        "one is missing ('This modeling file requires the following packages that were not found'). The code runs where "
+        "vLLM runs, so imports are judged against the modelled vLLM release's dependency closure "
+        "(analyzer/data/vllm_environment.json: einops is there; flash_attn, bitsandbytes, accelerate are not), "
+        "not against the environment hfcheck itself runs in."
     )
     example = "from flash_attn import flash_attn_func   # at module level, unguarded"
     fix = "if is_flash_attn_2_available():\n    from flash_attn import flash_attn_func"

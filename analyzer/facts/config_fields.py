@@ -1,0 +1,151 @@
+"""The border: every config.json field hfcheck reads, type-checked once, before anything uses it.
+
+``check_config`` runs first in ``collect_facts``, which every path takes (``hfcheck scan``, the
+sweep, the TUI, the porter), before the config reaches transformers' config classes, hfcheck's
+layer-kind rules or the report. A field of the wrong type, or a count no model can have (a
+billion layers would make transformers build a billion-entry ``layer_types`` list and hang),
+raises ``FactsError`` with one line naming the field, the value and what was expected; the CLI
+prints it and exits 2. Absent fields and ``null`` are always accepted: transformers' defaults,
+or hfcheck's "unknown", take their place. Fields hfcheck does not read are left to
+transformers' own validation (its errors become the same one-line ``FactsError``).
+
+Per-layer lists of counts (OpenELM's ``num_kv_heads``, Gemma 4's per-layer widths) are valid
+where a count is: ``collect_facts`` takes their largest entry as the model-wide value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from hfcheck.analyzer import vocabulary as V
+
+MAX_LAYERS = 10_000
+MAX_HEADS = 1 << 16
+MAX_WIDTH = 1 << 22
+MAX_VOCAB = 1 << 26
+MAX_EXPERTS = 1 << 16
+MAX_POSITIONS = 1 << 40
+
+# field -> (smallest, largest) accepted integer
+COUNTS: dict[str, tuple[int, int]] = {
+    **{f: (1, MAX_LAYERS) for f in V.LAYER_FIELDS},
+    **{f: (1, MAX_HEADS) for f in V.HEAD_FIELDS + V.KV_HEAD_FIELDS},
+    **{f: (1, MAX_WIDTH) for f in V.HIDDEN_FIELDS},
+    **{f: (0, MAX_WIDTH) for f in V.HEAD_DIM_FIELDS},  # 0: derived from hidden / heads (glm5_next)
+    **{f: (0, MAX_WIDTH) for f in V.INTERMEDIATE_FIELDS + V.MOE_INTERMEDIATE_FIELDS + ("shared_expert_intermediate_size",)},
+    **{f: (1, MAX_VOCAB) for f in V.VOCAB_FIELDS},
+    **{f: (0, MAX_EXPERTS) for f in V.EXPERT_COUNT_FIELDS + V.TOP_K_FIELDS + V.SHARED_EXPERT_FIELDS},
+    "first_k_dense_replace": (0, MAX_LAYERS),
+    "max_window_layers": (0, MAX_LAYERS),
+    **{f: (0, MAX_WIDTH) for f in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+    **{f: (0, MAX_POSITIONS) for f in ("max_position_embeddings", "seq_length", "n_positions")},
+}
+"""Every count hfcheck reads (the field names of ``vocabulary``), with its plausible range."""
+
+NUMBERS = ("routed_scaling_factor",)
+STRINGS = ("model_type", "torch_dtype", "dtype")
+OBJECTS = ("text_config", "quantization_config")
+NESTED = "_config"
+"""Sub-configs (``text_config``, ``vision_config``, ...) are checked with the same rules."""
+
+
+def check_config(config: Any) -> None:
+    """Raise FactsError naming the first field whose type or value no model can have."""
+    from hfcheck.analyzer.facts import FactsError
+
+    if not isinstance(config, Mapping):
+        raise FactsError("config.json does not hold a JSON object")
+    problem = _problem(config, "")
+    if problem:
+        raise FactsError(f"config.json: {problem}")
+
+
+def _problem(config: Mapping[str, Any], prefix: str) -> str | None:
+    for key, value in config.items():
+        if value is None:
+            continue
+        name = f"{prefix}{key}"
+        if key in COUNTS:
+            lo, hi = COUNTS[key]
+            if not _count_ok(value, lo, hi):
+                return f"{name} is {_show(value)}, expected an integer from {lo} to {hi}"
+        elif key in NUMBERS:
+            if not _number(value):
+                return f"{name} is {_show(value)}, expected a number"
+        elif key in STRINGS:
+            if not isinstance(value, str):
+                return f"{name} is {_show(value)}, expected a string"
+            if key == "model_type" and not prefix and not value:
+                return f"{name} is an empty string, expected the model type"
+        elif key == "architectures" and not prefix:
+            if not isinstance(value, list) or not all(isinstance(a, str) and a for a in value):
+                return f"{name} is {_show(value)}, expected a list of class names"
+        elif key == "auto_map" and not prefix:
+            if not isinstance(value, Mapping):
+                return f"{name} is {_show(value)}, expected an object mapping Auto classes to 'module.Class' references"
+            for auto, ref in value.items():
+                refs = ref if isinstance(ref, list) else [ref]
+                if not all(r is None or isinstance(r, str) for r in refs):
+                    return f"{name}.{auto} is {_show(ref)}, expected a 'module.Class' reference (or a list of them)"
+        elif key == "layer_types":
+            if not isinstance(value, list) or not all(isinstance(k, str) for k in value):
+                return f"{name} is {_show(value)}, expected a list of layer kinds (strings)"
+        elif key in OBJECTS or (key.endswith(NESTED) and isinstance(value, Mapping)):
+            if not isinstance(value, Mapping):
+                return f"{name} is {_show(value)}, expected an object"
+            if key == "quantization_config":
+                problem = _quantization(value, name)
+            else:
+                problem = _problem(value, f"{name}.")
+            if problem:
+                return problem
+    return None
+
+
+def _quantization(quant: Mapping[str, Any], name: str) -> str | None:
+    method, block = quant.get("quant_method"), quant.get("weight_block_size")
+    if method is not None and not isinstance(method, str):
+        return f"{name}.quant_method is {_show(method)}, expected a string"
+    if block is not None and not (isinstance(block, list) and all(_count_ok(b, 1, MAX_WIDTH) and not isinstance(b, list) for b in block)):
+        return f"{name}.weight_block_size is {_show(block)}, expected a list of positive integers"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_count(value: Any) -> int | None:
+    """An integer count, also when JSON spells it ``1200.0``; None for anything else."""
+    if _is_int(value):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _count_ok(value: Any, lo: int, hi: int) -> bool:
+    if isinstance(value, list):  # per-layer values
+        return bool(value) and all(_count_ok(v, lo, hi) for v in value if not isinstance(v, (list, Mapping)))
+    if isinstance(value, Mapping):  # per-part values (lxmert: {"vision": 5, "language": 9, ...})
+        return all(_count_ok(v, lo, hi) for v in value.values() if not isinstance(v, (list, Mapping)))
+    count = as_count(value)
+    return count is not None and lo <= count <= hi
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and not (isinstance(value, float) and math.isnan(value))
+
+
+def _show(value: Any) -> str:
+    """The value as JSON spells it (shortened), and its JSON type when that is not a number."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(type(value))
+    return f"{text} ({kind})" if kind else text
