@@ -10,7 +10,8 @@
     median of resolve + analyse + build_report; target <= 0.5 s. Also the median over every
     causal-LM type, for context.
 (c) ``hfcheck sweep`` of every causal-LM type with 2 workers on (at most) 2 cores and an empty
-    result cache; target <= 120 s. Then the same sweep again, cached; target <= 10 s.
+    result cache; target <= 120 s. Then the same command again, cached, in fresh processes:
+    wall clock as a user sees it (imports included), median; target <= 10 s.
 (d) peak RSS of ``hfcheck scan Qwen/Qwen3-235B-A22B-FP8`` against ``hfcheck scan Qwen/Qwen3-0.6B``
     (both bundled, offline); target within 1.15x and under 1.5 GB.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -54,8 +56,8 @@ def two_cores():
     return lambda: os.sched_setaffinity(0, cpus[:2])
 
 
-def timed(cmd: list[str], env: dict, preexec=None) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS in bytes, exit code) of one child process."""
+def timed(cmd: list[str], env: dict, preexec=None, keep_stderr: bool = False):
+    """(wall seconds, peak RSS in bytes, exit code) of one child process; its stderr too, with ``keep_stderr``."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=preexec, cwd=ROOT)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -65,7 +67,7 @@ def timed(cmd: list[str], env: dict, preexec=None) -> tuple[float, int, int]:
     if proc.returncode not in (0, 1):
         sys.stderr.write(f"  ! {' '.join(cmd)} exited {proc.returncode}: {err.strip()[-500:]}\n")
     rss = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return wall, rss, proc.returncode
+    return (wall, rss, proc.returncode, err) if keep_stderr else (wall, rss, proc.returncode)
 
 
 def line(label: str, value: str, ratio: str, target: str, ok: bool) -> None:
@@ -118,16 +120,29 @@ print(statistics.median(times), max(times), statistics.median(per_type), max(per
     line("(b) warm analysis of one architecture (median)", f"{med:.3f} s", f"{med / 0.5:.2f}x", "<= 0.5 s", med <= 0.5)
 
 
-def bench_sweep(tmp: Path) -> None:
+def bench_sweep(tmp: Path, runs: int) -> None:
+    """The real command, ``hfcheck sweep`` (atlas written to a temporary path), each run a fresh
+    process timed from the outside: wall clock, imports included. The sweep's own timer (the
+    "in N s" it prints) is shown beside it; it starts after the imports."""
     env = offline_env(tmp / "sweep")
-    cmd = [sys.executable, "-m", "hfcheck.analyzer.sweep", "--jobs", "2", "--format", "json", "--no-atlas"]
+    cmd = [sys.executable, "-m", "hfcheck", "sweep", "--jobs", "2", "--format", "json", "--atlas", str(tmp / "atlas.md")]
     pin = two_cores()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cold, _, rc = timed(cmd, env, pin)
-    warm, _, rc2 = timed(cmd, env, pin)
-    print(f"(c) full sweep: {cold:.1f} s cold, {warm:.1f} s cached (2 workers, {min(2, cpus or 2)} of {cpus} CPUs)")
+    cold, _, rc, cold_err = timed(cmd, env, pin, keep_stderr=True)
+    warm = [timed(cmd, env, pin, keep_stderr=True) for _ in range(max(3, runs))]
+    wall = statistics.median(w[0] for w in warm)
+    rc2 = max(w[2] for w in warm)
+    own = statistics.median(_own_seconds(w[3]) for w in warm)
+    print(f"(c) full sweep: {cold:.1f} s cold (its own timer {_own_seconds(cold_err):.1f} s), 2 workers, {min(2, cpus or 2)} of {cpus} CPUs")
+    print(f"(c) cached re-run, wall clock of `hfcheck sweep` in a fresh process: median {wall:.2f} s over {len(warm)} "
+          f"(runs {', '.join(f'{w[0]:.2f}' for w in warm)} s; its own timer {own:.2f} s)")
     line("(c) full sweep, 2 cores", f"{cold:.1f} s", f"{cold / 120:.2f}x", "<= 120 s", cold <= 120 and rc == 0)
-    line("(c) cached re-run", f"{warm:.1f} s", f"{warm / 10:.2f}x", "<= 10 s", warm <= 10 and rc2 == 0)
+    line("(c) cached re-run (wall clock)", f"{wall:.2f} s", f"{wall / 10:.2f}x", "<= 10 s", wall <= 10 and rc2 == 0)
+
+
+def _own_seconds(stderr: str) -> float:
+    match = re.search(r"targets in ([0-9.]+) s", stderr)
+    return float(match.group(1)) if match else float("nan")
 
 
 def bench_rss(runs: int, tmp: Path) -> None:
@@ -157,7 +172,7 @@ def main() -> int:
         bench_cold(args.runs, t)
         bench_warm(max(10, args.runs * 3))
         if not args.skip_sweep:
-            bench_sweep(t)
+            bench_sweep(t, args.runs)
         bench_rss(max(1, args.runs // 2), t)
     return 0
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_model
+from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
 MODELS = ["qwen3", "qwen3_moe", "llama", "deepseek_v3", "gemma3_text", "phi3", "olmo2"]
 MOE = {"qwen3_moe", "deepseek_v3"}
@@ -45,16 +46,9 @@ def _subject(analysis):
 
 
 def _children_of_me() -> list[int]:
-    me, pids = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
+    """Running child processes of this test process (multiprocessing's resource tracker, which
+    lives as long as its process by design, left out)."""
+    return [pid for pid, _ in children()]
 
 
 @pytest.mark.parametrize("model_type", MODELS)

@@ -1,10 +1,11 @@
 """Background scans for the dashboard: the sweep's machinery, driven from one thread.
 
 ``Scanner.submit(targets)`` queues a batch; one background thread takes batches in order and
-runs each like ``sweep()`` does: targets are prepared (Hub look-ups overlap in a thread pool),
-the sweep's result cache answers what it knows, and the rest goes to the sweep's
-``WorkerPool`` (child processes, a time limit per model, a crash or hang is that model's
-error). The pool is kept between batches, so a re-scan does not pay for starting workers.
+runs each with the sweep's own ``run_batch`` (the one way targets are run): targets are
+prepared (Hub look-ups overlap in a thread pool), the sweep's result cache answers what it
+knows, and the rest goes to the sweep's ``WorkerPool`` (child processes, a time limit per
+model, a crash or hang is that model's error). The pool is kept between batches, so a re-scan
+does not pay for starting workers.
 
 ``cancel()`` drops queued batches, kills the running workers and makes the thread stop at
 once; every target it drops is reported ``cancelled``. Nothing here blocks the caller, and
@@ -21,10 +22,11 @@ import queue
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfcheck.analyzer.isolation.process import kill_group
+from hfcheck.analyzer.sweep.run import Stopped
 from hfcheck.analyzer.sweep.targets import Target
 from hfcheck.analyzer.sweep.worker import PoolError, WorkerPool
 
@@ -57,8 +59,7 @@ class Idle:
 Event = Started | Finished | Cancelled | Idle
 
 
-class _Stop(Exception):
-    """The batch was cancelled: unwind the pool loop."""
+_Stop = Stopped  # the batch was cancelled: unwind the pool loop (run_batch raises it too)
 
 
 class CancellablePool(WorkerPool):
@@ -86,8 +87,10 @@ class CancellablePool(WorkerPool):
 
     def interrupt(self) -> None:
         for w in list(self.workers):
+            if w.process.pid is None:  # not started yet: _spawn's check stops it
+                continue
             try:
-                w.process.kill()
+                kill_group(w.process)
             except Exception:  # noqa: BLE001, S110 - already gone
                 pass
 
@@ -227,65 +230,27 @@ class Scanner:
             return self._pool
 
     def _run(self, batch: _Batch) -> None:
-        from hfcheck.analyzer.sweep.cache import ResultCache, key_parts, result_key
-        from hfcheck.analyzer.sweep.run import _prepare
+        from hfcheck.analyzer.sweep.cache import ResultCache
+        from hfcheck.analyzer.sweep.run import run_batch
 
         if self._is_cancelled(batch):
             return
         if self._cache is None:
             self._cache = ResultCache(enabled=self.use_cache)
-        cache = self._cache
-        cache_keys: dict[str, tuple[str, dict]] = {}
 
-        def finish(key: str, result: dict[str, Any], cached: bool = False) -> None:
-            if key in batch.open and not self._is_cancelled(batch):
-                batch.open.discard(key)
-                self._emit(Finished(key, batch.generation, result, cached))
-
-        def tasks():
-            refs = [t for t in batch.targets if not t.is_type]
-            io = ThreadPoolExecutor(max_workers=min(8, len(refs) or 1), thread_name_prefix="hfcheck-tui-resolve")
-            try:
-                futures = {t.key: io.submit(_prepare, t) for t in refs}
-                for target in batch.targets:
-                    if self._is_cancelled(batch):
-                        raise _Stop
-                    source, failure = futures[target.key].result() if not target.is_type else _prepare(target)
-                    if failure is not None:
-                        failure.pop("cacheable", None)
-                        finish(target.key, failure)
-                        continue
-                    try:
-                        key = result_key(source)
-                    except Exception as exc:  # noqa: BLE001 - an unhashable source is that model's error
-                        finish(target.key, {"error": f"cannot key the result: {type(exc).__name__}: {exc}"})
-                        continue
-                    if not batch.force:
-                        hit = cache.get(key)
-                        if hit is not None:
-                            finish(target.key, hit, cached=True)
-                            continue
-                    cache_keys[target.key] = (key, key_parts(source))
-                    yield target.key, source, target.is_type
-            finally:
-                io.shutdown(wait=False, cancel_futures=True)
-
-        def on_result(key: str, result: dict[str, Any]) -> None:
-            cacheable = result.pop("cacheable", True)
+        def on_progress(event: str, key: str, result: dict[str, Any] | None) -> None:
             if self._is_cancelled(batch):
-                return  # a worker killed by cancel() is not this model's failure
-            if key in cache_keys and cacheable:
-                cache.put(cache_keys[key][0], result, cache_keys[key][1])
-            finish(key, result)
-
-        def on_start(key: str) -> None:
-            if not self._is_cancelled(batch):
+                return
+            if event == "start":
                 self._emit(Started(key, batch.generation))
+            elif key in batch.open:
+                batch.open.discard(key)
+                self._emit(Finished(key, batch.generation, result, cached=event == "cached"))
 
         pool = self._get_pool()
         pool.cancelled = lambda: self._is_cancelled(batch)
         try:
-            pool.run(tasks(), on_result, on_start=on_start)
+            run_batch(batch.targets, pool, self._cache, on_progress=on_progress, force=batch.force, stop=lambda: self._is_cancelled(batch))
         except _Stop:
             self._close_pool(kill=True)
         except PoolError as exc:

@@ -2,6 +2,17 @@
 the child raises around itself before untrusted code runs. One implementation of each, shared
 by the remote-code sandbox, the port's reference run and the port's proof."""
 
-from hfcheck.analyzer.isolation.process import ChildRun, child_env, kill_group, private_root, run_child, tail
+from hfcheck.analyzer.isolation.process import (
+    ChildRun,
+    child_env,
+    die_with_parent,
+    end_processes,
+    kill_group,
+    private_root,
+    run_child,
+    running,
+    tail,
+    wait_all,
+)
 
-__all__ = ["ChildRun", "child_env", "kill_group", "private_root", "run_child", "tail"]
+__all__ = ["ChildRun", "child_env", "die_with_parent", "end_processes", "kill_group", "private_root", "run_child", "running", "tail", "wait_all"]

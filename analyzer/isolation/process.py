@@ -6,20 +6,27 @@ Every place hfcheck runs code it does not trust, or code of another Python envir
 starts it through ``run_child``. The parent waits with ``os.wait4`` so the child's peak RSS
 comes back with its exit status (the port publishes it), kills the whole process group on a
 timeout, on Ctrl-C and on the way out, and returns a ``ChildRun`` instead of raising.
+
+The worker pools (the sweep's ``WorkerPool``, the proofs' gloo launcher) keep their
+``multiprocessing`` children but end them with the same code: ``end_processes`` (SIGTERM with a
+grace period if asked, then ``kill_group``, then reap), ``wait_all`` and ``die_with_parent``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LD_LIBRARY_PATH", "SYSTEMROOT", "TZ")
 SUBFOLDERS = ("home", "tmp", "hf_home", "modules", "work")
@@ -77,12 +84,74 @@ def child_env(root: Path, threads: int = 1, extra: dict[str, str] | None = None)
     return env
 
 
-def kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen | Any) -> None:
+    """SIGKILL the process group ``proc`` leads (its session, for a ``run_child`` child), else
+    ``proc`` alone (a ``multiprocessing.Process`` in its parent's group leads none)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, AttributeError):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
+
+
+def running(proc: subprocess.Popen | Any) -> bool:
+    """Whether ``proc`` (a ``subprocess.Popen`` or a ``multiprocessing.Process``) has not ended."""
+    if isinstance(proc, subprocess.Popen):
+        return proc.poll() is None
+    return proc.is_alive()
+
+
+def wait_all(procs: Iterable[subprocess.Popen | Any], timeout: float) -> list:
+    """Wait (and reap) every process, ``timeout`` seconds for all of them together; returns
+    those still running after that."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    left = []
+    for proc in procs:
+        if proc.pid is None:  # a multiprocessing.Process that never started
+            continue
+        remaining = max(0.0, deadline - time.monotonic())
+        if isinstance(proc, subprocess.Popen):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(remaining)
+        else:
+            proc.join(remaining)
+        if running(proc):
+            left.append(proc)
+    return left
+
+
+def end_processes(procs: Iterable[subprocess.Popen | Any], *, grace_s: float = 0.0, reap_s: float = 10.0) -> list:
+    """End and reap child processes (``subprocess.Popen`` or ``multiprocessing.Process``).
+
+    With ``grace_s``, the running ones are first asked to stop (SIGTERM) and given that long,
+    all together; whatever still runs then is killed with ``kill_group``; then every one is
+    reaped, at most ``reap_s`` seconds all together. Returns those still running (normally none).
+    """
+    procs = list(procs)
+    if grace_s > 0:
+        for proc in procs:
+            if running(proc):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        wait_all(procs, grace_s)
+    for proc in procs:
+        if running(proc):
+            kill_group(proc)
+    return wait_all(procs, reap_s)
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """In a child: ask the kernel to SIGKILL this process when its parent (the thread that
+    started it) ends (Linux; elsewhere nothing). With ``parent_pid``, a parent already gone
+    ends the child now."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def tail(path: Path, limit: int = 4000) -> str:

@@ -10,10 +10,16 @@ One JSON file per key under ``<cache dir>/sweep/``. The cache dir is ``$HFCHECK_
 set, else the platform's user cache dir for "hfcheck" (``~/.cache/hfcheck`` on Linux). Writes are
 atomic (temp file + rename), so an interrupted sweep never leaves a torn entry. Timeouts and
 crashes are not cached (they may be the machine's fault); analysis errors are.
+
+Versions are read from package metadata, never by importing transformers. Beside the results,
+``TypeIndex`` keeps, per environment (``environment_key``), the list of causal-LM types and each
+type's result key, so a sweep of model types that are all cached needs neither transformers nor
+torch (building a type's default config would import both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,9 +72,30 @@ def analyzer_code_hash() -> str:
 
 
 @lru_cache(maxsize=1)
-def versions() -> dict[str, str | None]:
+def transformers_install() -> tuple[str, str | None]:
+    """(version, path of its ``__init__.py``) of the transformers ``import transformers`` would
+    load, read from its package metadata without importing it (importing it costs seconds, and
+    torch with it). Only when the metadata is not that copy's (a source tree on ``sys.path``)
+    is it imported to ask."""
+    import importlib.util
+    from importlib import metadata
+
+    spec = importlib.util.find_spec("transformers")
+    origin = spec.origin if spec is not None else None
+    if origin:
+        try:
+            dist = metadata.distribution("transformers")
+            if Path(str(dist.locate_file("transformers/__init__.py"))).resolve() == Path(origin).resolve():
+                return dist.version, origin
+        except (metadata.PackageNotFoundError, OSError):
+            pass
     import transformers
 
+    return transformers.__version__, origin
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str | None]:
     import hfcheck
 
     try:
@@ -77,7 +104,7 @@ def versions() -> dict[str, str | None]:
         vllm = version("vllm")  # decides vllm_native when installed
     except Exception:  # noqa: BLE001 - absent is the common case
         vllm = None
-    return {"transformers": transformers.__version__, "hfcheck": hfcheck.__version__, "vllm": vllm}
+    return {"transformers": transformers_install()[0], "hfcheck": hfcheck.__version__, "vllm": vllm}
 
 
 def key_parts(source) -> dict[str, Any]:
@@ -132,3 +159,101 @@ class ResultCache:
                 os.unlink(tmp)  # type: ignore[possibly-undefined]
             except (OSError, UnboundLocalError):
                 pass
+
+
+INDEX_FORMAT = 1
+
+
+@lru_cache(maxsize=1)
+def environment_key() -> str:
+    """What decides a model type's default config and the key of its result: the transformers
+    install (version, where, when written), hfcheck (version, analyzer source, and the sweep's
+    own targets and cache code), the installed vLLM and the result cache's format. Computed
+    without importing transformers or torch."""
+    version, origin = transformers_install()
+    try:
+        written = os.stat(origin).st_mtime_ns if origin else None
+    except OSError:
+        written = None
+    here = Path(__file__).resolve().parent
+    sweep_code = hashlib.sha256(b"".join((here / name).read_bytes() for name in ("targets.py", "cache.py"))).hexdigest()
+    v = versions()
+    return _digest([INDEX_FORMAT, CACHE_FORMAT, version, origin, written, v["hfcheck"], v["vllm"], analyzer_code_hash(), sweep_code, sys.version_info[:2]])
+
+
+class TypeIndex:
+    """What the sweep knows about model types without asking transformers, for one
+    ``environment_key``: the list of causal-LM types, and per type the key of its result (or
+    the failure of its default config, which only a new transformers or hfcheck can change).
+
+    A re-run whose every target is a cache hit reads this and the result cache and never
+    imports transformers or torch. One JSON file per environment under
+    ``<cache dir>/sweep-types/``; written atomically; disabled with the result cache."""
+
+    def __init__(self, cache: ResultCache) -> None:
+        self.enabled = cache.enabled
+        self.root = cache.root.parent / "sweep-types"
+        self._data: dict[str, Any] | None = None
+        self._dirty = False
+
+    @property
+    def path(self) -> Path:
+        return self.root / f"{environment_key()}.json"
+
+    def _load(self) -> dict[str, Any]:
+        if self._data is None:
+            data: Any = None
+            if self.enabled:
+                try:
+                    data = json.loads(self.path.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    data = None
+            if not isinstance(data, dict) or data.get("format") != INDEX_FORMAT or not isinstance(data.get("entries"), dict):
+                data = {"format": INDEX_FORMAT, "types": None, "entries": {}}
+            self._data = data
+        return self._data
+
+    def types(self) -> list[str] | None:
+        """Every causal-LM model type, as stored; None when not known yet."""
+        if not self.enabled:
+            return None
+        types = self._load().get("types")
+        return list(types) if isinstance(types, list) else None
+
+    def set_types(self, types: list[str]) -> None:
+        if self.enabled:
+            self._load()["types"] = list(types)
+            self._dirty = True
+
+    def entry(self, model_type: str) -> dict[str, Any] | None:
+        """``{"key": result key}`` or ``{"failure": result}`` for a type, or None."""
+        if not self.enabled:
+            return None
+        entry = self._load()["entries"].get(model_type)
+        return entry if isinstance(entry, dict) and ("key" in entry or isinstance(entry.get("failure"), dict)) else None
+
+    def remember(self, model_type: str, *, key: str | None = None, failure: dict[str, Any] | None = None) -> None:
+        if not self.enabled:
+            return
+        entry = {"key": key} if key is not None else {"failure": failure}
+        entries = self._load()["entries"]
+        if entries.get(model_type) != entry:
+            entries[model_type] = entry
+            self._dirty = True
+
+    def save(self) -> None:
+        if not (self.enabled and self._dirty):
+            return
+        path = self.path
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self._data, f)
+            os.replace(tmp, path)
+            self._dirty = False
+        except OSError:  # costs speed on the next run, never results
+            if tmp:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)

@@ -57,7 +57,7 @@ def pool_args_problem(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.sweep.targets import TargetError, causal_lm_types, parse_refs, read_ref_file
+    from hfcheck.analyzer.sweep.targets import TargetError, parse_refs, read_ref_file
 
     if problem := pool_args_problem(args):
         return _fail(problem)
@@ -71,19 +71,22 @@ def run(args: argparse.Namespace) -> int:
     full = not entries
     if full and args.from_file:
         return _fail("--from file(s) list no references")
+    from hfcheck.analyzer.sweep.cache import ResultCache
+    from hfcheck.analyzer.sweep.run import causal_lm_targets, sweep
+
+    cache = ResultCache(enabled=not args.no_cache)
     if full:
-        targets = causal_lm_types()
+        targets = causal_lm_targets(cache)  # from the cache's type index when it has them: no transformers import
 
     from rich.console import Console
 
-    from hfcheck.analyzer.sweep.run import sweep
     from hfcheck.analyzer.sweep.worker import PoolError
 
     err = Console(stderr=True)
     progress, on_progress = _progress(err, len(targets))
     try:
         with progress:
-            result = sweep(targets, jobs=args.jobs, timeout=args.timeout, use_cache=not args.no_cache, on_progress=on_progress)
+            result = sweep(targets, jobs=args.jobs, timeout=args.timeout, cache=cache, on_progress=on_progress)
     except PoolError as exc:
         return _fail(str(exc))
 

@@ -1,6 +1,7 @@
 """One sweep: targets -> (cache | worker pool) -> results, in the targets' order.
 
-``sweep()`` is the API (the CLI and the TUI call it). A target that cannot even be prepared
+``run_batch()`` runs one batch of targets on a worker pool: the sweep (``sweep()``, the CLI)
+and the dashboard's scanner both run targets through it. A target that cannot even be prepared
 (a reference that does not resolve, a default config that does not build) is a failure
 recorded here; everything else goes to the pool, unless the cache has its result.
 """
@@ -14,8 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfcheck.analyzer.sweep.cache import ResultCache, key_parts, result_key
-from hfcheck.analyzer.sweep.targets import DefaultConfigError, Target, TargetError, prepare
+from hfcheck.analyzer.sweep.cache import ResultCache, TypeIndex, key_parts, result_key
+from hfcheck.analyzer.sweep.targets import (
+    DefaultConfigError,
+    Target,
+    TargetError,
+    causal_lm_types,
+    prepare,
+)
 from hfcheck.analyzer.sweep.worker import Result, WorkerPool
 
 FAILED = "analysis failed"
@@ -88,11 +95,121 @@ def _prepare(target: Target) -> tuple[Any, Result | None]:
     try:
         return prepare(target), None
     except DefaultConfigError as exc:
-        return None, {"error": str(exc), "cacheable": False, "transformers_builds": {"ok": False, "error": str(exc)}}
+        return None, {"error": str(exc), "cacheable": False, "transformers_builds": {"ok": False, "error": str(exc)}, "lasting": True}
     except TargetError as exc:
-        return None, {"error": str(exc), "cacheable": False}
+        return None, {"error": str(exc), "cacheable": False, "lasting": True}
     except Exception as exc:  # noqa: BLE001 - a bug in preparing one target is that target's failure
         return None, {"error": f"cannot prepare: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}", "cacheable": False}
+
+
+class Stopped(Exception):
+    """``run_batch``'s ``stop()`` became true: the batch was abandoned (the caller cancelled it)."""
+
+
+@dataclass
+class BatchCounts:
+    from_cache: int = 0
+    analysed: int = 0  # results that came back from the pool (timeouts and crashes included)
+
+
+def causal_lm_targets(cache: ResultCache | None = None) -> list[Target]:
+    """Every causal-LM model type of the installed transformers (``targets.causal_lm_types``),
+    from the cache's ``TypeIndex`` when it knows them (no transformers import)."""
+    index = TypeIndex(cache or ResultCache())
+    known = index.types()
+    if known is not None:
+        return [Target(key=t, model_type=t) for t in known]
+    targets = causal_lm_types()
+    index.set_types([t.key for t in targets])
+    index.save()
+    return targets
+
+
+def run_batch(
+    targets: list[Target],
+    pool: WorkerPool,
+    cache: ResultCache,
+    *,
+    on_progress: Progress,
+    counts: BatchCounts | None = None,
+    force: bool = False,
+    stop: Callable[[], bool] | None = None,
+) -> None:
+    """Run one batch of targets on ``pool``: the one way the sweep and the dashboard run them.
+
+    Each target is answered, in the targets' order as far as the cache and preparation go, by
+    ``on_progress("cached" | "done", key, result)``, and each task the pool starts by
+    ``on_progress("start", key, None)``. A model type whose result key the cache's ``TypeIndex``
+    knows is looked up without preparing it (no transformers import); references are resolved
+    in a thread pool (Hub look-ups overlap); a target that cannot be prepared is a "done" failure;
+    the rest goes to the pool and its result to the cache. ``force`` skips reading the cache
+    (a re-scan; results are still written). ``stop()`` is asked before each target and each
+    pool result: once true, ``Stopped`` is raised and later results are dropped, not cached.
+    KeyboardInterrupt and pool errors propagate; the caller closes the pool.
+    """
+    stopped = stop or (lambda: False)
+    counts = counts if counts is not None else BatchCounts()
+    index = TypeIndex(cache)
+    cache_keys: dict[str, tuple[str, dict]] = {}
+
+    def tasks():
+        refs = [t for t in targets if not t.is_type]
+        io = ThreadPoolExecutor(max_workers=min(8, len(refs) or 1), thread_name_prefix="hfcheck-resolve")
+        try:
+            futures = {t.key: io.submit(_prepare, t) for t in refs}
+            for target in targets:
+                if stopped():
+                    raise Stopped
+                known = index.entry(target.model_type) if target.is_type and not force else None
+                if known is not None:
+                    if "failure" in known:
+                        on_progress("done", target.key, dict(known["failure"]))
+                        continue
+                    hit = cache.get(known["key"])
+                    if hit is not None:
+                        counts.from_cache += 1
+                        on_progress("cached", target.key, hit)
+                        continue
+                source, failure = futures[target.key].result() if not target.is_type else _prepare(target)
+                if failure is not None:
+                    failure.pop("cacheable", None)
+                    if failure.pop("lasting", False) and target.is_type:
+                        index.remember(target.model_type, failure=failure)
+                    on_progress("done", target.key, failure)
+                    continue
+                try:
+                    key = result_key(source)
+                except Exception as exc:  # noqa: BLE001 - an unhashable source is that model's error
+                    on_progress("done", target.key, {"error": f"cannot key the result: {type(exc).__name__}: {exc}"})
+                    continue
+                if target.is_type:
+                    index.remember(target.model_type, key=key)
+                if not force:
+                    hit = cache.get(key)
+                    if hit is not None:
+                        counts.from_cache += 1
+                        on_progress("cached", target.key, hit)
+                        continue
+                cache_keys[target.key] = (key, key_parts(source))
+                yield target.key, source, target.is_type
+        finally:
+            io.shutdown(wait=False, cancel_futures=True)
+
+    def on_result(key: str, res: Result) -> None:
+        cacheable = res.pop("cacheable", True)
+        if stopped():
+            return  # a worker killed by the caller's stop is not this model's failure
+        counts.analysed += 1
+        if key in cache_keys and cacheable:
+            cache.put(cache_keys[key][0], res, cache_keys[key][1])
+        on_progress("done", key, res)
+
+    work = tasks()
+    try:
+        pool.run(work, on_result, on_start=lambda key: on_progress("start", key, None))
+    finally:
+        work.close()  # now, not when collected: the resolver threads stop with the batch
+        index.save()
 
 
 def sweep(
@@ -108,42 +225,17 @@ def sweep(
     started = time.perf_counter()
     cache = cache or ResultCache(enabled=use_cache)
     result = SweepResult(list(targets))
-    cache_keys: dict[str, tuple[str, dict]] = {}
+    counts = BatchCounts()
     notify = on_progress or (lambda *_: None)
 
-    def record(key: str, res: Result, event: str) -> None:
-        result.results[key] = res
+    def progress(event: str, key: str, res: Result | None) -> None:
+        if res is not None:
+            result.results[key] = res
         notify(event, key, res)
-
-    def tasks():
-        refs = [t for t in targets if not t.is_type]
-        with ThreadPoolExecutor(max_workers=min(8, len(refs) or 1)) as io:  # Hub look-ups overlap
-            futures = {t.key: io.submit(_prepare, t) for t in refs}
-            for target in targets:
-                source, failure = futures[target.key].result() if not target.is_type else _prepare(target)
-                if failure is not None:
-                    failure.pop("cacheable", None)
-                    record(target.key, failure, "done")
-                    continue
-                key = result_key(source)
-                hit = cache.get(key)
-                if hit is not None:
-                    result.from_cache += 1
-                    record(target.key, hit, "cached")
-                    continue
-                cache_keys[target.key] = (key, key_parts(source))
-                yield target.key, source, target.is_type
-
-    def on_result(key: str, res: Result) -> None:
-        result.analysed += 1
-        cacheable = res.pop("cacheable", True)
-        if key in cache_keys and cacheable:
-            cache.put(cache_keys[key][0], res, cache_keys[key][1])
-        record(key, res, "done")
 
     pool = WorkerPool(jobs or default_jobs(), timeout)
     try:
-        pool.run(tasks(), on_result, on_start=lambda key: notify("start", key, None))
+        run_batch(result.targets, pool, cache, on_progress=progress, counts=counts)
     except KeyboardInterrupt:
         result.interrupted = True
         pool.close(kill=True)
@@ -153,6 +245,7 @@ def sweep(
     else:
         pool.close()
     finally:
+        result.from_cache, result.analysed = counts.from_cache, counts.analysed
         result.workers_started = pool.started_workers
         result.seconds = time.perf_counter() - started
     return result

@@ -12,7 +12,9 @@ worker one task at a time and knows its deadline, so:
   ``Fatal Python error`` line faulthandler wrote: ``analysis failed: worker crashed (SIGSEGV) ...``;
 
 and in the two last cases a fresh worker takes its place. Workers ignore SIGINT: Ctrl-C is
-the parent's to handle, which kills them and keeps what has been done.
+the parent's to handle, which kills them and keeps what has been done. A worker is recorded
+before it starts, so a Ctrl-C during start-up misses none; workers are killed by the kernel
+when the parent dies (Linux), and ended through ``isolation.process.end_processes``.
 
 Test hooks (read by the worker, never set by hfcheck): ``HFCHECK_TEST_HANG`` and
 ``HFCHECK_TEST_CRASH`` hold comma-separated result keys; a worker given such a key sleeps
@@ -35,6 +37,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
+
+from hfcheck.analyzer.isolation.process import end_processes, wait_all
 
 HANG_ENV = "HFCHECK_TEST_HANG"
 CRASH_ENV = "HFCHECK_TEST_CRASH"
@@ -71,8 +75,13 @@ def _error_text(exc: BaseException) -> str:
     return text
 
 
-def _child(conn, log_path: str) -> None:  # pragma: no cover - runs in the child process
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragma: no cover - runs in the child process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C held back since the spawn (see _spawn)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    from hfcheck.analyzer.isolation.process import die_with_parent
+
+    die_with_parent(parent_pid)  # a parent killed outright (SIGKILL, a crash) takes its workers with it
     # stdout/stderr (transformers' warnings, faulthandler's crash report) go to a log the
     # parent reads when the worker dies; the sweep's own terminal output stays clean.
     log = open(log_path, "w", buffering=1, encoding="utf-8", errors="replace")
@@ -197,18 +206,37 @@ class WorkerPool:
         parent, child = self.ctx.Pipe(duplex=True)
         self._spawned += 1
         log = self.logdir / f"worker-{self._spawned}.log"
-        process = self.ctx.Process(target=_child, args=(child, str(log)), name=f"hfcheck-sweep-{self._spawned}", daemon=True)
-        process.start()
-        child.close()
-        self.started_workers += 1
+        process = self.ctx.Process(target=_child, args=(child, str(log), os.getpid()), name=f"hfcheck-sweep-{self._spawned}", daemon=True)
+        # Recorded before it starts: a Ctrl-C at any point of the start leaves no worker that
+        # close() does not know about (one it missed would be joined, without a time limit, by
+        # multiprocessing's exit handler).
         worker = _Worker(process, parent, log, time.monotonic())
         self.workers.append(worker)
+        # The child starts with SIGINT blocked (the mask is inherited through fork and exec) and
+        # ignores it from its first line on: a terminal's Ctrl-C, sent to the whole process
+        # group, never interrupts a worker's start-up (no traceback, no half-started worker).
+        masked = hasattr(signal, "pthread_sigmask")
+        if masked and self.ctx.get_start_method() != "fork":
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()  # now: starting it, start() would unblock SIGINT again
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+        try:
+            process.start()
+        except BaseException:
+            if process.pid is None:  # it never started
+                self._discard(worker)
+            raise
+        finally:
+            if masked:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            child.close()
+        self.started_workers += 1
         return worker
 
-    def _discard(self, worker: _Worker, kill: bool = True) -> None:
-        if kill and worker.process.is_alive():
-            worker.process.kill()
-        worker.process.join(timeout=10)
+    def _discard(self, worker: _Worker) -> None:
+        """Kill the worker (when it still runs), reap it, forget it."""
+        end_processes([worker.process], reap_s=10)
         try:
             worker.conn.close()
         except OSError:
@@ -217,16 +245,26 @@ class WorkerPool:
             self.workers.remove(worker)
 
     def close(self, kill: bool = False) -> None:
-        for w in list(self.workers):
-            if not kill and w.state == "idle":
+        """Stop every worker: idle ones are asked to exit (up to 5 s) unless ``kill``; whatever
+        still runs is killed and reaped. A Ctrl-C while closing kills the rest, then goes on."""
+        try:
+            self._close(kill)
+        except KeyboardInterrupt:
+            self._close(kill=True)
+            raise
+
+    def _close(self, kill: bool) -> None:
+        workers = list(self.workers)
+        if not kill:
+            idle = [w for w in workers if w.state == "idle"]
+            for w in idle:
                 try:
                     w.conn.send(None)
-                except OSError:
+                except (OSError, ValueError):
                     pass
-        deadline = time.monotonic() + 5
-        for w in list(self.workers):
-            if not kill and w.state == "idle":
-                w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            wait_all([w.process for w in idle], 5)
+        end_processes([w.process for w in workers], reap_s=10)
+        for w in workers:
             self._discard(w)
         shutil.rmtree(self.logdir, ignore_errors=True)
 
@@ -323,7 +361,7 @@ class WorkerPool:
                 on_result(key, message[2])
         if not eof and w.process.is_alive():
             return
-        w.process.join(timeout=5)
+        wait_all([w.process], 5)
         code = w.process.exitcode
         state, key = w.state, w.key
         self._discard(w)

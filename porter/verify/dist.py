@@ -10,10 +10,8 @@ timeout ends the launch, and every worker still alive is terminated, then killed
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
-import signal
 import socket
 import sys
 import time
@@ -22,6 +20,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
+
+from hfcheck.analyzer.isolation.process import die_with_parent, end_processes
 
 
 class LaunchError(RuntimeError):
@@ -34,16 +34,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
 def _worker(rank: int, world: int, port: int, task: Callable[[int, int], Any], conn, timeout_s: float) -> None:
-    _die_with_parent()
+    die_with_parent()
     import torch
     import torch.distributed as dist
 
@@ -69,16 +61,7 @@ def _worker(rank: int, world: int, port: int, task: Callable[[int, int], Any], c
 
 
 def _stop(procs: list) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 3
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(2)
+    end_processes(procs, grace_s=3, reap_s=2)  # SIGTERM, 3 s, then killed and reaped
     for p in procs:
         try:
             p.close()
