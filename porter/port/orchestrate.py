@@ -214,23 +214,43 @@ def _unparsable(source) -> str | None:
 
 
 def position_bias(reference, source) -> dict[str, Any] | None:
-    """The first line of the original's forward pass that builds or adds an ALiBi bias
-    (executed lines that name ALiBi), preferring the line that applies it."""
+    """Where the original's forward pass builds an ALiBi bias: a function named for ALiBi whose
+    body ran (``build_alibi_bias``, ``_gen_alibi_mask``...), named at its executed call site
+    (else at its definition). Code that only tests for ALiBi (``if alibi is None``) with it
+    switched off does not count: its bias function never runs."""
+    import ast
+
     executed = reference.run.result.get("executed_lines") or {}
-    hits = []
+    found = []
     for name, lines in executed.items():
         text = source.code_files.get(name)
         if text is None:
             continue
-        rows = text.splitlines()
-        for line in lines:
-            if 0 < line <= len(rows) and re.search(r"alibi", rows[line - 1], re.IGNORECASE) and not rows[line - 1].strip().startswith(("#", "def ", "warnings.")):
-                code = rows[line - 1].strip()
-                applies = bool(re.search(r"\+|\.add\(|attn_bias|attention_mask\s*=", code))
-                hits.append((not applies, name, line, code))
-    if not hits:
+        ran = set(lines)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "alibi" in node.name.lower():
+                body = set(range(node.body[0].lineno, (node.end_lineno or node.lineno) + 1))
+                if body & ran:
+                    found.append((node.name, name, node.lineno))
+    if not found:
         return None
-    _, name, line, code = sorted(hits)[0]
+    rows_of = {name: source.code_files[name].splitlines() for _, name, _ in found}
+    calls = []
+    for fname, _, _ in found:
+        for name, lines in executed.items():
+            rows = source.code_files.get(name, "").splitlines()
+            for line in lines:
+                if 0 < line <= len(rows) and re.search(rf"\b{re.escape(fname)}\(", rows[line - 1]) and not rows[line - 1].lstrip().startswith("def "):
+                    calls.append((name, line, rows[line - 1].strip()))
+    if calls:
+        name, line, code = sorted(calls, key=lambda c: (c[0], c[1]))[0]
+    else:
+        fname, name, line = found[0]
+        code = rows_of[name][line - 1].strip()
     return {"file": name, "line": line, "code": code[:160]}
 
 
@@ -365,8 +385,15 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
 
         t1 = time.perf_counter()
         result.rescan = _rescan(source, out_dir)
-        result.served = how_served(out_dir, trust_remote_code=True).to_dict()
+        served = how_served(out_dir, trust_remote_code=True)
+        result.served = served.to_dict()
         result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
+        if result.status == "ported" and not served.served:
+            left = "; ".join(f"{r['code']} {r['file']} {r['where']}: {r['reason']}" for r in result.not_ported[:3])
+            result.status = "failed"
+            result.message = (f"rewritten in place ({len(state.changes)} change(s)) and proven, but vLLM still does not serve the result: "
+                              f"{'; '.join(served.blockers[:2]) or served.summary}" + (f". Not rewritten: {left}" if left else "")
+                              + "; the output is kept for inspection")
     return state, ported_config
 
 

@@ -180,7 +180,7 @@ def _proof_md(result) -> list[str]:
     for c in p.get("checks", []):
         agree = f"{c['argmax_agreement']:.0%}" if isinstance(c.get("argmax_agreement"), float) else "-"
         lines.append(f"| {c['name']} | {_num(c.get('max_abs_error'))} | {_num(c.get('max_rel_error'))} | {agree} | "
-                     f"{'same' if c['ok'] else _md(c.get('detail') or 'DIFFERENT')} |")
+                     f"{_md(c['detail']) if c.get('skipped') else 'same' if c['ok'] else _md(c.get('detail') or 'DIFFERENT')} |")
     if p.get("error"):
         lines.append(f"\nError: {p['error']}")
     return lines + [""]

@@ -85,6 +85,9 @@ def describe_modules(model, torch) -> list[dict]:
             buffers[n] = list(b.shape)
             if b.dim() == 1 and b.numel() <= 4096 and b.is_floating_point() and b.device.type != "meta":
                 small[n] = [float(v) for v in b.detach().float().tolist()]
+        for attr, value in vars(module).items():  # a rotary table kept as a plain attribute (not a buffer)
+            if attr == "inv_freq" and isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() <= 4096 and value.is_floating_point():
+                small.setdefault(attr, [float(v) for v in value.detach().float().tolist()])
         entry = {"name": name, "class": type(module).__name__, "module": type(module).__module__.replace(PACKAGE + ".", ""),
                  "params": params, "buffers": buffers, "persistent": sorted(n for n in buffers if n in persistent),
                  "small_buffers": small, "scalars": _scalars(module), "children": [n for n, _ in module.named_children()]}

@@ -19,7 +19,6 @@ from hfcheck.porter.reference.environments import (
     EnvError,
     EnvSpec,
     ReferenceEnv,
-    _version_tuple,
     ensure_env,
     pip_requirement,
     release_of,
@@ -115,10 +114,10 @@ def candidate_releases(config: dict[str, Any], override: str | None) -> list[tup
         out.append((release, f"declared in config.json (transformers_version {declared})"))
     else:
         out.append((own_transformers(), "config.json declares no transformers_version; hfcheck's own release runs it"))
-    for fallback in FALLBACK_RELEASES:
-        if release is None or _version_tuple(fallback) < _version_tuple(release):
-            why = "config.json declares no transformers_version" if release is None else f"the code does not import with {release}"
-            out.append((fallback, f"{why}; {fallback} is the newest tried release it imports with"))
+    for fallback in FALLBACK_RELEASES:  # newest first: "the newest release its code still runs with"
+        if fallback != release:
+            why = "config.json declares no transformers_version" if release is None else f"the code does not run with {release}"
+            out.append((fallback, f"{why}; {fallback} is the newest tried release it runs with"))
     return out
 
 
@@ -146,6 +145,14 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             log(f"running the original in transformers {release} ({env.path.name})")
         run = run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
                             seed=seed, meta_config=config, timeout=timeout)
+        real_head_dim = _real_head_dim(config)
+        if not run.ok and _is_shape_failure(run) and real_head_dim and real_head_dim != head_dim:
+            # code that hard-codes the head size (Falcon-40B's `view(..., 64)`): shrink everything else
+            if log:
+                log(f"the original fails at head dim {head_dim} ({run.error}); again at its real head dim {real_head_dim}")
+            tiny = shrink_config(config, head_dim=real_head_dim)
+            run = run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
+                                seed=seed, meta_config=config, timeout=timeout)
         undeclared = not release_of(str(config.get("transformers_version") or ""))
         missing = _missing_uninstallable(run)
         if missing:
@@ -153,11 +160,27 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             at = f" ({where['file']}:{where['line']})" if where else ""
             raise ReferenceError(f"the original imports {missing} unguarded{at}, a package that cannot be installed on a CPU machine "
                                  "(CUDA kernels): it runs in no reference environment here, so nothing can be proven against it")
-        if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or undeclared):
+        if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or undeclared or n > 0):
             tried.append(f"transformers {release}: {run.error}")
             continue
         return Reference(env, why, packages, not_installed, tiny, ids, run, tried)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
+
+
+def _real_head_dim(config: dict[str, Any]) -> int | None:
+    from hfcheck.porter.reference.shrink import head_counts
+
+    explicit = first(config, "head_dim")
+    heads, _ = head_counts(config)
+    hidden = first(config, "hidden")
+    if isinstance(explicit, int):
+        return explicit
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+
+
+def _is_shape_failure(run: ReferenceRun) -> bool:
+    text = run.error or ""
+    return "RuntimeError" in text and any(w in text for w in ("shape", "size", "dimension"))
 
 
 def _missing_uninstallable(run: ReferenceRun) -> str | None:

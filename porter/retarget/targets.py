@@ -239,12 +239,13 @@ class Target:
 
 
 class LlamaFamily(Target):
-    """RMSNorm before attention and before a gated MLP, rotary on the whole head:
+    """A norm before attention and before a gated MLP, rotary position embedding:
     ``llama`` (vLLM native; any bias pattern through ``attention_bias``/``mlp_bias`` and zero
     biases), ``qwen2`` when exactly q/k/v carry a bias (Qwen v1), ``glm`` when the rotary covers
-    part of the head with interleaved pairs and gate/up are packed (ChatGLM 2/3)."""
+    part of the head with interleaved pairs and gate/up are packed (ChatGLM 2/3), ``stablelm``
+    when the norms are LayerNorms with a bias (StableLM-Epoch, partial rotary)."""
 
-    name = "llama family (llama, qwen2, glm)"
+    name = "llama family (llama, qwen2, glm, stablelm)"
 
     def match(self, anatomy, original):
         if anatomy is None:
@@ -252,13 +253,14 @@ class LlamaFamily(Target):
         layer = anatomy.layer
         if layer.parallel or len(layer.norms) != 2:
             return f"{len(layer.norms)} norm(s) per layer in {'parallel' if layer.parallel else 'sequence'}; the llama family has two, in sequence"
-        kinds = {n.kind for n in layer.norms + ([anatomy.final_norm] if anatomy.final_norm else [])}
-        if "layer" in kinds:
-            return "LayerNorm, not RMSNorm"
-        if any(n.bias for n in layer.norms):
-            return "norms with a bias"
+        norms = layer.norms + ([anatomy.final_norm] if anatomy.final_norm else [])
         if anatomy.final_norm is None:
             return "no final norm"
+        kinds = {n.kind for n in norms}
+        if "layer" in kinds and not all(n.bias for n in norms):
+            return "LayerNorm without a bias (neither RMSNorm nor transformers' LayerNorm-with-bias classes)"
+        if "layer" not in kinds and any(n.bias for n in norms):
+            return "RMS norms with a bias"
         if anatomy.rotary is None:
             return "no rotary embedding (inv_freq) was found: position information comes another way (ALiBi, learned positions)"
         if layer.other_params or anatomy.extra_params:
@@ -277,7 +279,12 @@ class LlamaFamily(Target):
         mlp_bias = any(lin.bias for lin in layer.mlp_inputs) or layer.mlp_output.bias
         act = anatomy.hidden_act or "silu"
         notes = length_notes(original)
-        if partial != 1.0:
+        layer_norm = layer.norms[0].kind == "layer"
+        if layer_norm:
+            if o_bias or mlp_bias:
+                return
+            targets = [("stablelm", "StableLmForCausalLM")]
+        elif partial != 1.0:
             if o_bias or mlp_bias:
                 return
             targets = [("glm", "GlmForCausalLM")]
@@ -295,8 +302,14 @@ class LlamaFamily(Target):
 
             def config(d: Dims, original: dict[str, Any], model_type=model_type, arch=arch) -> dict[str, Any]:
                 cfg = _common_config(model_type, arch, d, original, anatomy)
-                cfg.update(intermediate_size=d.intermediate, hidden_act=act, rms_norm_eps=layer.norms[0].eps or 1e-6,
-                           rope_parameters=_rope(anatomy, original, partial if model_type == "glm" else None))
+                eps = layer.norms[0].eps or (1e-5 if model_type == "stablelm" else 1e-6)
+                cfg.update(intermediate_size=d.intermediate, hidden_act=act,
+                           rope_parameters=_rope(anatomy, original, partial if model_type in ("glm", "stablelm") else None))
+                if model_type == "stablelm":
+                    cfg.update(layer_norm_eps=eps, use_qkv_bias=bool(qkv_bias), qk_layernorm=False, use_parallel_residual=False,
+                               partial_rotary_factor=partial)
+                else:
+                    cfg.update(rms_norm_eps=eps)
                 if model_type == "llama":
                     cfg.update(attention_bias=bool(qkv_bias or o_bias), mlp_bias=bool(mlp_bias))
                 elif model_type == "glm":

@@ -20,17 +20,20 @@ from hfcheck.porter.port.codemods.attention import AttentionInterface
 from hfcheck.porter.port.codemods.backend_flag import BackendFlag
 from hfcheck.porter.port.codemods.buffers import BufferInit
 from hfcheck.porter.port.codemods.experts import ExpertsLayout
+from hfcheck.porter.port.codemods.generation import GenerationBase
 from hfcheck.porter.port.codemods.kwargs import KwargsPropagation
 from hfcheck.porter.port.codemods.layer_idx import LayerIndex
 from hfcheck.porter.port.codemods.module_lists import SingleLayerList
 from hfcheck.porter.port.codemods.packed_qkv import PackedQKV
 from hfcheck.porter.port.codemods.plans import ParallelPlans
 from hfcheck.porter.port.codemods.projections import ActivationModule, InlineProjectionHelpers
-from hfcheck.porter.port.codemods.removed_apis import RemovedApis
+from hfcheck.porter.port.codemods.removed_apis import HeadMask, RemovedApis
 
 CODEMODS = (
     AttentionInterface,
     RemovedApis,
+    HeadMask,
+    GenerationBase,
     LayerIndex,
     KwargsPropagation,
     InlineProjectionHelpers,

@@ -244,3 +244,36 @@ def _drop_flag_blocks(module: cst.Module, flags: set[str]) -> cst.Module:
             return cst.Name("False") if is_flag(updated) else updated
 
     return module.visit(T())
+
+
+class HeadMask(Codemod):
+    """``self.get_head_mask(head_mask, n)`` (``PreTrainedModel.get_head_mask``, gone in v5) ->
+    ``[None] * n``: what v4 returned for the ``head_mask=None`` every caller (generate, vLLM)
+    passes. A model that is given a real head mask needs a hand-written change (noted)."""
+
+    name = "head-mask"
+    codes = ("HFC811",)
+
+    def apply(self, state) -> None:
+        class Rewrite(cst.CSTTransformer):
+            def __init__(self) -> None:
+                self.count = 0
+
+            def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+                func = updated.func
+                if (isinstance(func, cst.Attribute) and func.attr.value == "get_head_mask" and isinstance(func.value, cst.Name)
+                        and func.value.value == "self" and len(updated.args) >= 2):
+                    self.count += 1
+                    n = cu.code(updated.args[1].value)
+                    return cst.parse_expression(f"[None] * ({n})")
+                return updated
+
+        for file in list(state.files):
+            if "get_head_mask" not in state.files[file]:
+                continue
+            rewrite = Rewrite()
+            module = parse(state, file).visit(rewrite)
+            if rewrite.count:
+                save(state, file, module)
+                state.change("HFC811", file, "get_head_mask", f"{rewrite.count} call(s) of self.get_head_mask(head_mask, n) -> [None] * n",
+                             "PreTrainedModel.get_head_mask is gone in transformers 5; with head_mask=None (generate, vLLM) it returned n Nones")
