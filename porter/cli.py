@@ -38,8 +38,11 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--prompt", default=None, help="prompt of the completion (default: 'the')")
     serve.add_argument("--max-tokens", type=int, default=8)
     serve.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
-                       help="auto: vLLM with --model-impl transformers when vLLM and a GPU are present, else transformers serve on CPU")
-    serve.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds the server may take to become healthy")
+                       help="auto/vllm: vLLM with --model-impl transformers (the installed vLLM on a GPU, else vLLM's CPU build, set up once); "
+                            "transformers: `transformers serve` (not vLLM)")
+    serve.add_argument("--tp2", choices=("auto", "yes", "no"), default="auto",
+                       help="also serve at tensor-parallel size 2 (auto: when hfcheck predicts it loads and there are 2 cores)")
+    serve.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds the server may take to become healthy")
     serve.set_defaults(handler=run)
 
 
@@ -98,7 +101,7 @@ def _serve(args) -> int:
     log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
     try:
         result = smoke_serve(args.dir, prompt=args.prompt or DEFAULT_PROMPT, max_tokens=args.max_tokens, backend=args.backend,
-                             startup_timeout=args.timeout, log=log)
+                             startup_timeout=args.timeout, log=log, tp2={"auto": None, "yes": True, "no": False}[args.tp2])
     except ServeError as exc:
         return _fail(str(exc))
     if args.format == "json":

