@@ -225,13 +225,13 @@ def _set_if_int(obj: Any, name: str, value: int) -> None:
         setattr(obj, name, value)
 
 
-def _shrink_widths(text: Any, facts: ModelFacts) -> None:
+def _shrink_widths(text: Any, facts: ModelFacts, head_dim: int = TINY_HEAD_DIM) -> None:
     """Small widths with the real head ratio (GQA/MQA), MoE shape and MLA structure."""
     heads, kv = facts.num_heads or 2, facts.num_kv_heads or facts.num_heads or 2
     tiny_kv = 1 if kv == 1 else 2
     ratio = max(1, heads // kv) if kv else 1
     tiny_heads = tiny_kv * min(ratio, 8)
-    hidden = tiny_heads * TINY_HEAD_DIM
+    hidden = tiny_heads * head_dim
     for name in V.HEAD_FIELDS:
         _set_if_int(text, name, tiny_heads)
     for name in V.KV_HEAD_FIELDS:
@@ -239,7 +239,7 @@ def _shrink_widths(text: Any, facts: ModelFacts) -> None:
     for name in V.HIDDEN_FIELDS:
         _set_if_int(text, name, hidden)
     for name in ("head_dim", "kv_channels", "attention_head_dim"):
-        _set_if_int(text, name, TINY_HEAD_DIM)
+        _set_if_int(text, name, head_dim)
     for name in ("intermediate_size", "ffn_hidden_size", "n_inner"):
         _set_if_int(text, name, 2 * hidden)
     for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):
@@ -247,13 +247,17 @@ def _shrink_widths(text: Any, facts: ModelFacts) -> None:
     if facts.uses_mla:
         _set_if_int(text, "kv_lora_rank", 32)
         _set_if_int(text, "q_lora_rank", 32)
-        _set_if_int(text, "qk_nope_head_dim", TINY_HEAD_DIM)
-        _set_if_int(text, "qk_rope_head_dim", 8)
-        _set_if_int(text, "v_head_dim", TINY_HEAD_DIM)
+        _set_if_int(text, "qk_nope_head_dim", head_dim)
+        # real MLA kernels take a latent of kv_lora_rank + rope = 576 (or 512, 320) only
+        rope = 8 if head_dim < 32 else 64
+        if head_dim >= 32:
+            _set_if_int(text, "kv_lora_rank", 512)
+        _set_if_int(text, "qk_rope_head_dim", rope)
+        _set_if_int(text, "v_head_dim", head_dim)
         if isinstance(getattr(text, "head_dim", None), int):
-            text.head_dim = 8  # transformers' MLA configs use the rope part as head_dim
+            text.head_dim = rope  # transformers' MLA configs use the rope part as head_dim
         if hasattr(text, "qk_head_dim"):
-            text.qk_head_dim = TINY_HEAD_DIM + 8
+            text.qk_head_dim = head_dim + rope
     for name in ("vocab_size", "padded_vocab_size"):
         _set_if_int(text, name, TINY_VOCAB)
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -262,6 +266,20 @@ def _shrink_widths(text: Any, facts: ModelFacts) -> None:
             setattr(text, name, TINY_VOCAB - 1)
     if isinstance(getattr(text, "sliding_window", None), int):
         text.sliding_window = min(text.sliding_window, 8)
+
+
+def shrunk_config(facts: ModelFacts, cfg_obj: Any, shrink: str = "tiny", head_dim: int = TINY_HEAD_DIM) -> tuple[Any, int]:
+    """(a copy of the config cut to the structural prefix of layers and a few experts, with
+    small widths when ``shrink == "tiny"``; the layers kept)."""
+    config = copy.deepcopy(cfg_obj)
+    text = text_config_of(config)
+    n = structural_prefix(facts, text)
+    _cut_layers(text, n)
+    _cut_experts(text, facts)
+    _cut_extras(text)
+    if shrink == "tiny":
+        _shrink_widths(text, facts, head_dim)
+    return config, n
 
 
 def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int = 0) -> TinyInstance:
@@ -277,14 +295,8 @@ def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int =
     attempts = ("tiny", "structural")
     last: Exception | None = None
     for shrink in attempts:
-        config = copy.deepcopy(cfg_obj)
+        config, n = shrunk_config(facts, cfg_obj, shrink)
         text = text_config_of(config)
-        n = structural_prefix(facts, text)
-        _cut_layers(text, n)
-        _cut_experts(text, facts)
-        _cut_extras(text)
-        if shrink == "tiny":
-            _shrink_widths(text, facts)
         text._attn_implementation = ATTN_IMPLEMENTATION
         torch.manual_seed(seed)
         try:

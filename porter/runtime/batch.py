@@ -1,0 +1,167 @@
+"""Run real vLLM on a batch of model types, one after another in one process (start-up is paid
+once per batch), and record what it did next to hfcheck's prediction for the same folder.
+
+Runs *inside* vLLM's environment (``python -m hfcheck.porter.runtime.batch JOB``, with hfcheck
+installed there without dependencies), so the prediction and vLLM see the same transformers.
+For each model type:
+
+1. its default config, cut like the analyzer's tiny instance but with head_dim 32 (vLLM's CPU
+   attention kernels refuse 16), built as ``AutoModelForCausalLM`` with random float32 weights
+   and saved as a model folder;
+2. hfcheck's scan of that folder (the prediction);
+3. ``vllm.LLM(model=..., model_impl="transformers")``, greedy 4 tokens from fixed token ids,
+   with vLLM's log (its own processes included) captured to a file per model;
+4. transformers' ``generate`` on the same ids (the expected tokens).
+
+One JSON line per model is appended to the job's output file as soon as it is known, so a
+crash or a kill costs one model, and the parent can resume after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+HEAD_DIM = 32
+TOKENS = 4
+PROMPT = [3, 17, 5, 9, 11, 2, 7, 13]
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}".rstrip(": ")
+
+
+@contextlib.contextmanager
+def _output_to(path: Path):
+    """fds 1 and 2 (vLLM logs to stdout; its engine processes inherit both) into ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "wb") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def build_folder(model_type: str, folder: Path):
+    """(model, facts) for the runnable small instance saved in ``folder``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hfcheck.analyzer.facts import collect_facts
+    from hfcheck.analyzer.instance import shrunk_config
+    from hfcheck.analyzer.sweep.targets import default_config
+
+    config, _ = default_config(model_type)
+    facts, cfg_obj = collect_facts(config)
+    small, _ = shrunk_config(facts, cfg_obj, "tiny", head_dim=HEAD_DIM)
+    small.architectures = config["architectures"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def run_one(model_type: str, work: Path) -> dict[str, Any]:
+    import torch
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+
+    row: dict[str, Any] = {"model_type": model_type}
+    folder = work / model_type
+    t0 = time.perf_counter()
+    try:
+        model = build_folder(model_type, folder)
+    except Exception as exc:  # noqa: BLE001 - a type whose small instance does not build is a row
+        row.update(status="no-instance", error=_first(exc))
+        return row
+    report = build_report(analyse(resolve(str(folder))))
+    want = predicted(report)
+    row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
+    log_path = work / f"{model_type}.log"
+    tokens = None
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        vocab = model.get_input_embeddings().num_embeddings
+        ids = [t % vocab for t in PROMPT]
+        length = 64
+        text = model.config.get_text_config()
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(getattr(text, key, None), int):
+                length = min(length, getattr(text, key))
+        with _output_to(log_path):
+            llm = LLM(model=str(folder), model_impl="transformers", dtype="float32", max_model_len=length, enforce_eager=True,
+                      skip_tokenizer_init=True, seed=0)
+            try:
+                out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=TOKENS, temperature=0))
+                tokens = list(out[0].outputs[0].token_ids)
+            finally:
+                with contextlib.suppress(Exception):
+                    llm.llm_engine.engine_core.shutdown()
+                del llm
+                gc.collect()
+        row["status"] = "loaded"
+    except BaseException as exc:  # noqa: BLE001 - vLLM refusing the model is the result
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        row["status"] = "refused"
+        log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+        row["error"] = load_error(log_text) or _first(exc)
+    log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+    got = parse(log_text)
+    row["decisions"] = got.to_dict()
+    if tokens is not None:
+        row["differences"] = differences(got, want)
+        with torch.no_grad():
+            ids_t = torch.tensor([ids])
+            gen = model.generate(input_ids=ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+        expected = gen[0, len(ids):].tolist()
+        row.update(tokens=tokens, expected=expected, tokens_match=tokens == expected)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    out = Path(job["out"])
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with tempfile.TemporaryDirectory(prefix="hfcheck-runtime-") as tmp:
+        for model_type in job["model_types"]:
+            with open(job["progress"], "w", encoding="utf-8") as f:
+                f.write(model_type)
+            try:
+                row = run_one(model_type, Path(tmp))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                row = {"model_type": model_type, "status": "error", "error": _first(exc), "traceback": traceback.format_exc()[-1500:]}
+            row["vllm"] = job.get("vllm_version")
+            with open(out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
