@@ -29,10 +29,10 @@ def one(model_type: str) -> dict:
 
     from hfcheck.analyzer.analysis import analyse
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.verify.common import build_subject
-    from hfcheck.porter.verify.fusion import prove_fusions
-    from hfcheck.porter.verify.runner import observed_fusions
-    from hfcheck.porter.verify.tp import prove_tp
+    from hfcheck.verify.common import build_subject
+    from hfcheck.verify.fusion import prove_fusions
+    from hfcheck.verify.runner import observed_fusions
+    from hfcheck.verify.tp import prove_tp
 
     t_import = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:

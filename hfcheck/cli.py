@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hfcheck.analyzer.sweep.cli import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)
-    from hfcheck.porter.verify.cli import add_parser as add_verify_parser
+    from hfcheck.verify.cli import add_parser as add_verify_parser
 
     add_verify_parser(sub)
     from hfcheck.tui.cli import add_parser as add_tui_parser
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_tui(args)
         if args.command == "verify":
-            from hfcheck.porter.verify.cli import run as run_verify
+            from hfcheck.verify.cli import run as run_verify
 
             return run_verify(args)
         if args.command == "sweep":
@@ -122,7 +122,7 @@ def _scan(args: argparse.Namespace) -> int:
     except FactsError as exc:
         return _fail(f"{args.ref}: {exc}")
     if args.verify:
-        from hfcheck.porter.verify.cli import attach_proofs
+        from hfcheck.verify.cli import attach_proofs
 
         report = attach_proofs(report, analysis)
     if args.cross_check:
@@ -160,7 +160,7 @@ def _scan(args: argparse.Namespace) -> int:
         console = Console()
         render_text(report, console, verbose=args.verbose)
         if args.verify:
-            from hfcheck.porter.verify.cli import render_proofs
+            from hfcheck.verify.cli import render_proofs
 
             render_proofs(report, console)
         if report.get("cross_check", {}).get("available"):

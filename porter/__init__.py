@@ -1,6 +1,8 @@
 """Rewrites a model into one vLLM's transformers backend serves at native speed (issue 6).
 
-- ``verify``: numerical proofs of scan's fusion and parallel-plan predictions (``hfcheck verify``);
+(The numerical proofs of scan's claims, ``hfcheck verify``, are not porting: they live in the
+top-level ``verify/`` folder, shipped as ``hfcheck.verify``.)
+
 - ``port``: libcst codemods for the remote-code findings, checkpoint conversion, the
   original-vs-ported logit proof and the re-scan (``hfcheck port SRC --out DIR``);
 - ``serve``: a real OpenAI-compatible server on a model folder, one greedy completion compared

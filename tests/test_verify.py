@@ -40,7 +40,7 @@ def analysed(tmp_path_factory):
 
 
 def _subject(analysis):
-    from hfcheck.porter.verify.common import build_subject
+    from hfcheck.verify.common import build_subject
 
     return build_subject(analysis.facts, analysis.config_object)
 
@@ -53,7 +53,7 @@ def _children_of_me() -> list[int]:
 
 @pytest.mark.parametrize("model_type", MODELS)
 def test_every_claim_is_proven(model_type, analysed):
-    from hfcheck.porter.verify.runner import verify_analysis
+    from hfcheck.verify.runner import verify_analysis
 
     proofs = verify_analysis(analysed(model_type))
     by_kind: dict[str, list] = {}
@@ -70,8 +70,8 @@ def test_every_claim_is_proven(model_type, analysed):
 
 
 def test_fusions_proven_are_the_ones_scan_predicts(analysed):
-    from hfcheck.porter.verify.fusion import prove_fusions
-    from hfcheck.porter.verify.runner import observed_fusions
+    from hfcheck.verify.fusion import prove_fusions
+    from hfcheck.verify.runner import observed_fusions
 
     analysis = analysed("deepseek_v3")
     claims = [p.claim for p in prove_fusions(_subject(analysis), analysis.facts, observed_fusions(analysis))]
@@ -84,8 +84,8 @@ def test_fusions_proven_are_the_ones_scan_predicts(analysed):
 def test_naive_column_split_of_full_width_qk_norms_fails_and_names_the_norm(analysed):
     """OLMo-2's q/k norms span all heads: splitting their weight with the columns (no
     all-gather) normalises each shard by its own RMS, which is wrong."""
-    from hfcheck.porter.verify.shard import predicted_plan
-    from hfcheck.porter.verify.tp import prove_tp
+    from hfcheck.verify.shard import predicted_plan
+    from hfcheck.verify.tp import prove_tp
 
     analysis = analysed("olmo2")
     subject = _subject(analysis)
@@ -110,8 +110,8 @@ def test_naive_column_split_of_full_width_qk_norms_fails_and_names_the_norm(anal
 
 
 def test_kv_heads_replicate_when_tp_exceeds_them(analysed):
-    from hfcheck.porter.verify.shard import predicted_plan
-    from hfcheck.porter.verify.tp import prove_tp
+    from hfcheck.verify.shard import predicted_plan
+    from hfcheck.verify.tp import prove_tp
 
     analysis = analysed("qwen3", num_attention_heads=16, num_key_value_heads=2)
     subject = _subject(analysis)
@@ -124,8 +124,8 @@ def test_kv_heads_replicate_when_tp_exceeds_them(analysed):
 
 def test_a_wrong_fusion_is_caught(analysed):
     """Gemma's norms are zero-centred: applying a plain RMSNorm there must fail the proof."""
-    from hfcheck.porter.verify.common import run_model
-    from hfcheck.porter.verify.fusion import _prove, find_sites, fusion_context
+    from hfcheck.verify.common import run_model
+    from hfcheck.verify.fusion import _prove, find_sites, fusion_context
 
     analysis = analysed("gemma3_text")
     subject = _subject(analysis)
@@ -138,7 +138,7 @@ def test_a_wrong_fusion_is_caught(analysed):
 
 
 def test_workers_are_cleaned_up_when_one_fails():
-    from hfcheck.porter.verify.dist import LaunchError, launch
+    from hfcheck.verify.dist import LaunchError, launch
 
     def task(rank: int, world: int):
         import torch.distributed as dist
@@ -159,7 +159,7 @@ def test_ctrl_c_ends_every_worker(tmp_path):
     script = textwrap.dedent(
         f"""
         import os, time
-        from hfcheck.porter.verify.dist import launch
+        from hfcheck.verify.dist import launch
 
         def task(rank, world):
             with open({str(pids)!r}, "a") as f:
@@ -188,8 +188,8 @@ def test_ctrl_c_ends_every_worker(tmp_path):
 
 def test_attach_proofs_downgrades_verdict_and_score(analysed):
     from hfcheck.analyzer.report import build_report
-    from hfcheck.porter.verify.cli import attach_proofs
-    from hfcheck.porter.verify.common import Proof
+    from hfcheck.verify.cli import attach_proofs
+    from hfcheck.verify.common import Proof
 
     analysis = analysed("olmo2")
     report = build_report(analysis)
@@ -204,7 +204,7 @@ def test_attach_proofs_downgrades_verdict_and_score(analysed):
 
 
 def test_cli_verify_json(tmp_path, capsys):
-    from hfcheck.porter.verify import cli
+    from hfcheck.verify import cli
 
     parser = argparse.ArgumentParser(prog="hfcheck")
     cli.add_parser(parser.add_subparsers(dest="command"))
@@ -252,10 +252,10 @@ def test_packed_qkv_fuses_and_shards_by_heads(size):
     import torch
 
     from hfcheck.analyzer.fusions.base import FusionContext
-    from hfcheck.porter.verify.common import rel_error
-    from hfcheck.porter.verify.dist import launch
-    from hfcheck.porter.verify.fusion import apply_site, find_sites
-    from hfcheck.porter.verify.shard import shard
+    from hfcheck.verify.common import rel_error
+    from hfcheck.verify.dist import launch
+    from hfcheck.verify.fusion import apply_site, find_sites
+    from hfcheck.verify.shard import shard
 
     torch.manual_seed(0)
     module = PackedAttention().eval()
@@ -279,7 +279,7 @@ def test_packed_qkv_fuses_and_shards_by_heads(size):
         return run
 
     assert max(launch(size, task({"qkv_proj": "packed_qkv(32,8)", "o_proj": "rowwise"}))) <= 1e-5
-    from hfcheck.porter.verify.dist import LaunchError
+    from hfcheck.verify.dist import LaunchError
 
     with pytest.raises(LaunchError, match="split_with_sizes"):  # the packed split no longer fits
         launch(size, task({"qkv_proj": "colwise", "o_proj": "rowwise"}))

@@ -1,5 +1,9 @@
 """``hfcheck verify``: prove scan's claims numerically on a tiny random-weight instance, on CPU.
 
+The analyzer predicts, ``verify`` proves, ``porter`` changes a model: three top-level folders
+(``analyzer/``, ``verify/``, ``porter/``), shipped as ``hfcheck.analyzer``, ``hfcheck.verify``
+and ``hfcheck.porter``.
+
 - ``fusion``: apply each predicted fusion the way vLLM does (forward rewritten with ``ast``,
   merged weights split back, act-and-mul kernels, stacked experts, MLA's fused a-projection,
   vLLM-style RMSNorm) and compare the model output with the unfused model in float32.
@@ -19,11 +23,11 @@ __all__ = ["attach_proofs", "verify_analysis"]
 
 def __getattr__(name: str):
     if name == "attach_proofs":
-        from hfcheck.porter.verify.cli import attach_proofs
+        from hfcheck.verify.cli import attach_proofs
 
         return attach_proofs
     if name == "verify_analysis":
-        from hfcheck.porter.verify.runner import verify_analysis
+        from hfcheck.verify.runner import verify_analysis
 
         return verify_analysis
     raise AttributeError(name)

@@ -46,7 +46,7 @@ def attach_proofs(report: dict[str, Any], analysis, proofs: list | None = None, 
     each failed proof costs score (``PENALTY``) and a ``native-speed`` verdict becomes ``runs``.
     ``options`` go to ``verify_analysis`` (``tp_sizes``, ``parallel``, ``seed``, ``timeout_s``)."""
     if proofs is None:
-        from hfcheck.porter.verify.runner import verify_analysis
+        from hfcheck.verify.runner import verify_analysis
 
         options.setdefault("blocked", report.get("verdict") == "blocked")
         proofs = verify_analysis(analysis, **options)
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         head.append(f"  score {report['score']}/100   {model['ref']}  ({model['model_type']})")
         console.print(head)
         render_proofs(report, console)
-        from hfcheck.porter.verify.runner import summary
+        from hfcheck.verify.runner import summary
 
         counts = summary(report["proofs"])
         console.print(", ".join(f"{n} {k.replace('_', ' ')}" for k, n in counts.items() if n), markup=False)

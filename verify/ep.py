@@ -5,11 +5,11 @@ outputs are all-reduced. Compared with the unsharded model."""
 
 from __future__ import annotations
 
-from hfcheck.porter.verify.common import Proof, Subject, Timer
-from hfcheck.porter.verify.dist import LaunchError, launch
-from hfcheck.porter.verify.fusion import find_sites, fusion_context
-from hfcheck.porter.verify.shard import predicted_plan
-from hfcheck.porter.verify.tp import reference_recording, sharded_run, summarise
+from hfcheck.verify.common import Proof, Subject, Timer
+from hfcheck.verify.dist import LaunchError, launch
+from hfcheck.verify.fusion import find_sites, fusion_context
+from hfcheck.verify.shard import predicted_plan
+from hfcheck.verify.tp import reference_recording, sharded_run, summarise
 
 
 def ep_plan(subject: Subject, facts, size: int, with_tp: bool, sites) -> dict[str, str]:
@@ -19,7 +19,7 @@ def ep_plan(subject: Subject, facts, size: int, with_tp: bool, sites) -> dict[st
         plan = {}
     experts = [k for k, v in plan.items() if v == "moe_tp"] if with_tp else []
     if not experts:
-        from hfcheck.porter.verify.common import generic
+        from hfcheck.verify.common import generic
 
         experts = sorted({generic(f"{s.path}.experts" if s.path else "experts") for s in sites if s.fusion == "moe"})
     for key in experts:

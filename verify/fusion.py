@@ -29,9 +29,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hfcheck.porter.verify import layers as L
-from hfcheck.porter.verify import rewrite as R
-from hfcheck.porter.verify.common import ATTN, TOLERANCE, Proof, Subject, Timer, generic, rel_error, run_model, single_thread
+from hfcheck.verify import layers as L
+from hfcheck.verify import rewrite as R
+from hfcheck.verify.common import ATTN, TOLERANCE, Proof, Subject, Timer, generic, rel_error, run_model, single_thread
 
 _NO_RECURSE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hfcheck.porter.verify.common import Comparator, Proof, Recorder, Subject, Timer, rel_error, run_model, single_thread
-from hfcheck.porter.verify.dist import LaunchError, launch
-from hfcheck.porter.verify.layers import PassThrough
-from hfcheck.porter.verify.tp import crash_result, summarise
+from hfcheck.verify.common import Comparator, Proof, Recorder, Subject, Timer, rel_error, run_model, single_thread
+from hfcheck.verify.dist import LaunchError, launch
+from hfcheck.verify.layers import PassThrough
+from hfcheck.verify.tp import crash_result, summarise
 
 
 def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:

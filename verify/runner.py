@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hfcheck.porter.verify.common import Proof, Timer, generic
+from hfcheck.verify.common import Proof, Timer, generic
 
 DEFAULT_TP_SIZES = (2, 4)
 
@@ -28,7 +28,7 @@ def verify_analysis(analysis, *, tp_sizes: tuple[int, ...] = DEFAULT_TP_SIZES, p
 
     ``blocked``: scan's verdict is ``blocked`` (vLLM refuses to load the model, so no
     parallel claim is made); worked out from the rules when not given."""
-    from hfcheck.porter.verify.common import single_thread
+    from hfcheck.verify.common import single_thread
 
     if blocked is None:
         from hfcheck.analyzer.report import run_rules
@@ -43,11 +43,11 @@ def _verify(analysis, tp_sizes: tuple[int, ...], parallel: bool, seed: int, time
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.instance import InstanceError
     from hfcheck.analyzer.rules.parallel import tp_refusals
-    from hfcheck.porter.verify.common import build_subject
-    from hfcheck.porter.verify.ep import prove_ep
-    from hfcheck.porter.verify.fusion import prove_fusions
-    from hfcheck.porter.verify.pp import prove_pp
-    from hfcheck.porter.verify.tp import prove_tp
+    from hfcheck.verify.common import build_subject
+    from hfcheck.verify.ep import prove_ep
+    from hfcheck.verify.fusion import prove_fusions
+    from hfcheck.verify.pp import prove_pp
+    from hfcheck.verify.tp import prove_tp
 
     timer = Timer()
     facts, cfg = analysis.facts, analysis.config_object

@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from hfcheck.analyzer import vocabulary as V
-from hfcheck.porter.verify import layers as L
-from hfcheck.porter.verify import rewrite as R
-from hfcheck.porter.verify.common import Subject, generic
-from hfcheck.porter.verify.fusion import Site, _eps_of, find_sites, fusion_context
+from hfcheck.verify import layers as L
+from hfcheck.verify import rewrite as R
+from hfcheck.verify.common import Subject, generic
+from hfcheck.verify.fusion import Site, _eps_of, find_sites, fusion_context
 
 
 class PlanError(ValueError):
@@ -172,7 +172,7 @@ def shard(model: nn.Module, plan: dict[str, str], subject: Subject, sites: list[
 
 
 def _packed_forward(module: nn.Module, name: str):
-    from hfcheck.porter.verify.fusion import _rewritten
+    from hfcheck.verify.fusion import _rewritten
 
     return _rewritten(module, ("packed_qkv", name), lambda fd: R.packed_split(fd, name))
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from hfcheck.porter.verify import layers as L
-from hfcheck.porter.verify.common import TOLERANCE, Comparator, Proof, Recorder, Subject, Timer, rel_error, run_model, single_thread
-from hfcheck.porter.verify.dist import LaunchError, launch
-from hfcheck.porter.verify.fusion import Site, find_sites, fusion_context
-from hfcheck.porter.verify.shard import PlanError, predicted_plan, shard
+from hfcheck.verify import layers as L
+from hfcheck.verify.common import TOLERANCE, Comparator, Proof, Recorder, Subject, Timer, rel_error, run_model, single_thread
+from hfcheck.verify.dist import LaunchError, launch
+from hfcheck.verify.fusion import Site, find_sites, fusion_context
+from hfcheck.verify.shard import PlanError, predicted_plan, shard
 
 
 def reference_recording(subject: Subject) -> tuple[dict, torch.Tensor, torch.Tensor]:
