@@ -221,6 +221,20 @@ def _make_venv(target: Path, log: Path) -> Path:
     return python
 
 
+@contextlib.contextmanager
+def _staged(root: Path, name: str, final: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """(venv, its python, build log) in a temporary folder next to ``final``; moved to
+    ``final`` only when the block completes, removed otherwise (never half-built)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        log = tmp / "build.log"
+        python = _make_venv(tmp / "venv", log)
+        yield tmp / "venv", python, log
+        shutil.move(str(tmp / "venv"), str(final))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _base_env(root: Path, log_fn: Callable[[str], None] | None) -> Path:
     """The shared torch environment (built once)."""
     req = torch_requirement()
@@ -231,15 +245,9 @@ def _base_env(root: Path, log_fn: Callable[[str], None] | None) -> Path:
             return final
         if log_fn:
             log_fn(f"building the shared torch environment ({req}) in {final} (once)")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-        try:
-            log = tmp / "build.log"
-            python = _make_venv(tmp / "venv", log)
+        with _staged(root, name, final) as (venv, python, log):
             _pip(python, [req], log)
-            (tmp / "venv" / MANIFEST).write_text(json.dumps({"requirement": req, "versions": _installed_versions(python)}))
-            shutil.move(str(tmp / "venv"), str(final))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            (venv / MANIFEST).write_text(json.dumps({"requirement": req, "versions": _installed_versions(python)}))
     return final
 
 
@@ -303,12 +311,8 @@ def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tup
         start = time.monotonic()
         if log_fn:
             log_fn(f"building {what} in {final}")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-        try:
-            log = tmp / "build.log"
-            python = _make_venv(tmp / "venv", log)
-            site = _site_packages(tmp / "venv")
-            (site / "zz_hfcheck_torch.pth").write_text(str(_site_packages(base)) + "\n")
+        with _staged(root, name, final) as (venv, python, log):
+            (_site_packages(venv) / "zz_hfcheck_torch.pth").write_text(str(_site_packages(base)) + "\n")
             _pip(python, requirements, log)
             if uninstall:
                 with open(log, "ab") as out:
@@ -319,9 +323,6 @@ def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tup
                 check(versions)
             if "torch" not in versions:
                 raise EnvError("torch is not visible in the new environment")
-            (tmp / "venv" / MANIFEST).write_text(json.dumps({"name": name, "requirements": requirements, "uninstalled": list(uninstall),
-                                                             "versions": versions}, indent=1))
-            shutil.move(str(tmp / "venv"), str(final))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            (venv / MANIFEST).write_text(json.dumps({"name": name, "requirements": requirements, "uninstalled": list(uninstall),
+                                                     "versions": versions}, indent=1))
         return final, versions, round(time.monotonic() - start, 1)
