@@ -1,7 +1,10 @@
 """Fusion proofs: apply each fusion scan predicts to the tiny instance the way vLLM applies it,
 and compare the output with the unfused model.
 
-How each fusion is applied (vLLM 0.33's fusers, re-done here on CPU):
+How each fusion is applied (vLLM 0.33's fusers, re-done here on CPU). The forward is rewritten
+by the analyzer's own code (``analyzer.fusions.detect.fused_forward``: each pattern's
+``rewrite``, the one home of vLLM's forward rewrite, which scan ran to predict the fusion);
+this module only swaps the modules and compares the numbers:
 - ``qkv`` / ``merged_column``: the forward source is rewritten so one merged linear (the
   projections' weights concatenated in shard order) runs once and ``.split`` gives the parts back;
 - ``glu``: ``act(gate(x)) * up(x)`` becomes ``act_and_mul(gate_up(x))`` with the kernel vLLM
@@ -29,8 +32,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hfcheck.analyzer.fusions.base import Match
+from hfcheck.analyzer.fusions.detect import BY_NAME, fused_forward
+from hfcheck.analyzer.graph.forward_source import RewriteRefused
 from hfcheck.verify import layers as L
-from hfcheck.verify import rewrite as R
 from hfcheck.verify.common import ATTN, TOLERANCE, Proof, Subject, Timer, generic, rel_error, run_model, single_thread
 
 _NO_RECURSE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -50,6 +55,10 @@ class Site:
     @property
     def group(self) -> tuple[str, str]:
         return (self.fusion, self.cls)
+
+    @property
+    def match(self) -> Match:
+        return Match(self.fusion, self.projections, self.row_parallel, dict(self.details))
 
 
 def fusion_context(subject: Subject, facts, tp_size: int = 1):
@@ -92,25 +101,13 @@ def find_sites(model: nn.Module, ctx) -> list[Site]:
 
 # --- applying one site ------------------------------------------------------------------
 
-_FORWARDS: dict[tuple, Any] = {}
-
-
-def _rewritten(module: nn.Module, key: tuple, edit) -> Any:
-    """The class's forward with ``edit`` applied, compiled once per (class, edit)."""
-    full_key = (type(module), *key)
-    if full_key not in _FORWARDS:
-        funcdef, fn = R.parse_forward(type(module))
-        edit(funcdef)
-        _FORWARDS[full_key] = R.compile_forward(funcdef, fn)
-    return _FORWARDS[full_key]
-
-
 def _bind(module: nn.Module, forward) -> None:
     module.forward = types.MethodType(forward, module)
 
 
-def merged_column_name(names: tuple[str, ...]) -> str:
-    return "merged_" + "_".join(f"{len(n)}_{n}" for n in names)
+def merged_name(site: Site) -> str | None:
+    """The name vLLM gives the fused projection (the pattern's ``merged_name``)."""
+    return BY_NAME[site.fusion].merged_name(site.match)
 
 
 def _eps_of(module: nn.Module) -> float:
@@ -133,8 +130,8 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
     f = site.fusion
     if f == "qkv" or f == "merged_column":
         names = site.projections
-        merged = "qkv_proj" if f == "qkv" else merged_column_name(names)
-        forward = _rewritten(module, (f, names), lambda fd: R.merge(fd, names, merged))
+        merged = merged_name(site)
+        forward = fused_forward(module, site.match)
         setattr(module, merged, L.MergedLinear([module.get_submodule(n) for n in names]))
         for n in names:
             delattr(module, n)
@@ -147,17 +144,17 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
         kernel = act_and_mul_name(module.get_submodule(act))
         if kernel is None:
             raise ValueError(f"no act-and-mul kernel for {type(module.get_submodule(act)).__name__}")
-        forward = _rewritten(module, (f, gate, up, act), lambda fd: R.glu(fd, gate, up, act, "gate_up_proj"))
+        forward = fused_forward(module, site.match)
         merged = L.MergedLinear([module.get_submodule(gate), module.get_submodule(up)])
         delattr(module, gate)
         delattr(module, up)
-        module.gate_up_proj = merged
+        setattr(module, merged_name(site), merged)
         setattr(module, act, L.ActAndMul(kernel))
         _bind(module, forward)
     elif f == "packed_qkv":
         (name,) = site.projections
         q, kv = site.details["q_size"], site.details["kv_size"]
-        forward = _rewritten(module, (f, name), lambda fd: R.packed_split(fd, name))
+        forward = fused_forward(module, site.match)
         linear = module.get_submodule(name)
         parts = [nn.Linear(linear.in_features, s, bias=linear.bias is not None) for s in (q, kv, kv)]
         with torch.no_grad():
@@ -170,15 +167,9 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
     elif f == "mla":
         kv_b = site.details["kv_b_proj"]
         q_a, kv_a = site.details.get("q_a_proj"), site.details["kv_a_proj"]
-
-        def edit(fd):
-            if q_a is not None:
-                R.merge(fd, (q_a, kv_a), "fused_qkv_a_proj", top_level=True)
-            R.latent(fd, module, kv_b)
-
-        forward = _rewritten(module, (f, q_a, kv_a, kv_b), edit)
+        forward = fused_forward(module, site.match)
         if q_a is not None:
-            module.fused_qkv_a_proj = L.MergedLinear([module.get_submodule(q_a), module.get_submodule(kv_a)])
+            setattr(module, merged_name(site), L.MergedLinear([module.get_submodule(q_a), module.get_submodule(kv_a)]))
             delattr(module, q_a)
             delattr(module, kv_a)
         nope = getattr(module, "qk_nope_head_dim", None) or getattr(text_config, "qk_nope_head_dim")
@@ -313,8 +304,8 @@ def _prove(subject: Subject, reference: tuple[torch.Tensor, torch.Tensor], sites
         model = copy.deepcopy(subject.model)
         apply_all(model, sites, subject.text_config)
         hidden, logits = run_model(model, subject.input_ids)
-    except (R.RewriteError, Exception) as exc:  # noqa: BLE001 - a failed application is this proof's result
-        return Proof(claim, "fusion", "failed" if isinstance(exc, R.RewriteError) else "error", None, timer.seconds,
+    except Exception as exc:  # noqa: BLE001 - a failed application is this proof's result
+        return Proof(claim, "fusion", "failed" if isinstance(exc, RewriteRefused) else "error", None, timer.seconds,
                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     err = max(rel_error(hidden, reference[0]), rel_error(logits, reference[1]))
     status = "proven" if err <= TOLERANCE else "failed"

@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.fusions.base import Match
+from hfcheck.analyzer.fusions.detect import fused_forward
 from hfcheck.verify import layers as L
-from hfcheck.verify import rewrite as R
 from hfcheck.verify.common import Subject, generic
 from hfcheck.verify.fusion import Site, _eps_of, find_sites, fusion_context
 
@@ -172,9 +173,7 @@ def shard(model: nn.Module, plan: dict[str, str], subject: Subject, sites: list[
 
 
 def _packed_forward(module: nn.Module, name: str):
-    from hfcheck.verify.fusion import _rewritten
-
-    return _rewritten(module, ("packed_qkv", name), lambda fd: R.packed_split(fd, name))
+    return fused_forward(module, Match("packed_qkv", (name,)))
 
 
 def _sharded_experts(experts: nn.Module, style: str, subject: Subject, world: int, rank: int, path: str, group) -> nn.Module:

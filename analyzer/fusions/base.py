@@ -1,5 +1,6 @@
-"""What every fusion pattern is: a class with ``match`` (graph shape), ``check_rewrite``
-(the forward's source admits vLLM's rewrite) and ``validate`` (this instance's sizes).
+"""What every fusion pattern is: a class with ``match`` (graph shape), ``rewrite`` (vLLM's
+``update_forward``: the edit of the forward's source; ``check_rewrite`` runs it on a fresh
+parse and keeps the refusal) and ``validate`` (this instance's sizes).
 
 Mirrors vLLM's fusers: ``match`` runs once per module class on its leaf trace, the
 survivors are validated per instance, and only the first forward-redefining pattern that
@@ -9,10 +10,12 @@ at debug level.
 
 from __future__ import annotations
 
+import ast
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.tracer import Trace
 from torch import nn
 
@@ -46,6 +49,8 @@ class Pattern(ABC):
     name: ClassVar[str]
     redefines_forward: ClassVar[bool] = True
     needs_trace: ClassVar[bool] = True
+    rewrites_source: ClassVar[bool] = False
+    """``rewrite`` edits the forward's source (qkv, merged_column, glu, packed_qkv, mla)."""
 
     @classmethod
     @abstractmethod
@@ -53,8 +58,22 @@ class Pattern(ABC):
         """The pattern in ``module``'s trace, if present (class-level, cached by caller)."""
 
     @classmethod
+    def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
+        """Edit ``funcdef`` (a fresh parse of the forward) as vLLM's ``update_forward`` does;
+        raise ``RewriteRefused`` where vLLM's raises (the fusion is then skipped)."""
+        raise NotImplementedError(f"{cls.name} does not rewrite the forward")
+
+    @classmethod
     def check_rewrite(cls, match: Match, module: nn.Module) -> None:
-        """Raise ``RewriteRefused`` when vLLM's source rewrite would fail."""
+        """Raise ``RewriteRefused`` when vLLM's source rewrite would fail: the rewrite itself,
+        run on a fresh parse (the same code ``verify`` compiles, ``fused_forward``)."""
+        if cls.rewrites_source:
+            cls.rewrite(src.forward_def(type(module)), match, module)
+
+    @classmethod
+    def merged_name(cls, match: Match) -> str | None:
+        """The attribute the fused projection gets on the module (vLLM's ``merged_name``)."""
+        return None
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -3,11 +3,13 @@ per instance (validate), exactly in the order and with the exclusivity vLLM uses
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.registry import PATTERNS
 from hfcheck.analyzer.fusions.rms_norm import RMSNorm
+from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.forward_source import RewriteRefused
 from hfcheck.analyzer.graph.tracer import Trace, trace_module
 from torch import nn
@@ -84,5 +86,26 @@ def instance_fusions(module: nn.Module, ctx: FusionContext) -> InstanceFusions:
     return InstanceFusions(chosen, rejected)
 
 
+BY_NAME: dict[str, type[Pattern]] = {p.name: p for p in PATTERNS}
+
+_FORWARDS: dict[tuple, Callable] = {}
+
+
+def fused_forward(module: nn.Module, match: Match) -> Callable:
+    """The forward vLLM binds on ``module`` when it takes ``match``: the pattern's rewrite of
+    the class's forward (the very code ``check_rewrite`` ran), compiled once per class and
+    match. ``RewriteRefused`` where vLLM would skip the fusion."""
+    pattern = BY_NAME[match.fusion]
+    if not pattern.rewrites_source:
+        raise ValueError(f"{match.fusion} does not rewrite the forward")
+    key = (type(module), match.fusion, match.projections, repr(sorted(match.details.items())))
+    if key not in _FORWARDS:
+        funcdef, fn = src.recover_forward(type(module))
+        pattern.rewrite(funcdef, match, module)
+        _FORWARDS[key] = src.compile_forward(funcdef, fn)
+    return _FORWARDS[key]
+
+
 def clear_cache() -> None:
     _CACHE.clear()
+    _FORWARDS.clear()

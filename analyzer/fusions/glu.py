@@ -67,24 +67,17 @@ class GLU(Pattern):
                 )
         return None
 
+    rewrites_source = True
+
     @classmethod
-    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
-        funcdef = src.forward_def(type(module))
-        act_call = src.single_call(funcdef, match.details["act"], guards_allowed=False)
-        gate_call, up_call = (src.single_call(funcdef, n) for n in match.projections)
-        if act_call.args[0] is not gate_call:
-            raise src.RewriteRefused("the activation does not directly wrap the gate projection")
-        if not src.same_input([gate_call, up_call]):
-            raise src.RewriteRefused("gate and up read inputs written differently")
-        muls = [
-            n
-            for n in ast.walk(funcdef)
-            if isinstance(n, ast.BinOp)
-            and isinstance(n.op, ast.Mult)
-            and {id(n.left), id(n.right)} == {id(act_call), id(up_call)}
-        ]
-        if len(muls) != 1:
-            raise src.RewriteRefused("no single `act(gate(x)) * up(x)` multiply in the source")
+    def merged_name(cls, match: Match) -> str:
+        return "gate_up_proj"
+
+    @classmethod
+    def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
+        """``act(gate(x)) * up(x)`` -> ``act(gate_up_proj(x))``."""
+        gate, up = match.projections
+        src.merge_glu(funcdef, gate, up, match.details["act"], cls.merged_name(match))
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.qkv import linears_by_input
 from hfcheck.analyzer.graph import forward_source as src
@@ -23,20 +25,20 @@ class MergedColumn(Pattern):
                 groups.append(names)
         if len(groups) != 1:
             return None
-        return Match(cls.name, groups[0], None)
+        match = Match(cls.name, groups[0], None)
+        return None if hasattr(module, cls.merged_name(match)) else match  # as vLLM: never over an existing name
+
+    rewrites_source = True
 
     @classmethod
-    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
-        funcdef = src.forward_def(type(module))
-        calls = [src.single_call(funcdef, n) for n in match.projections]
-        if not src.same_input(calls):
-            raise src.RewriteRefused("the parallel linears read inputs written differently")
-        paths = [src.statement_path(funcdef.body, c) for c in calls]
-        if any(not p for p in paths) or len({id(p[-1][0]) for p in paths}) != 1:
-            raise src.RewriteRefused("the parallel linear calls are in different blocks")
-        block = paths[0][-1][0]
-        src.check_input_stable(funcdef, module, calls, block, [p[-1][1] for p in paths])
-        src.splice_names_free(funcdef, len(calls))
+    def merged_name(cls, match: Match) -> str:
+        """``merged_proj_<len>_<name>_...`` (lengths tell ``a_b`` + ``c`` from ``a`` + ``b_c``)."""
+        return "merged_proj_" + "_".join(f"{len(n)}_{n}" for n in match.projections)
+
+    @classmethod
+    def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
+        """The parallel calls -> one merged call and split, in the one block holding them."""
+        src.merge_projections(funcdef, module, match.projections, cls.merged_name(match), src.same_block, "the parallel linears")
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -6,8 +6,6 @@ attention. Validates only when the model uses MLA (``kv_lora_rank`` in the confi
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
@@ -81,40 +79,20 @@ class MLA(Pattern):
         projections = (details["q_a_proj"], details["kv_a_proj"]) if "q_a_proj" in details else (details["kv_a_proj"],)
         return Match(cls.name, projections, None if o_name in claimed else o_name, details)
 
+    rewrites_source = True
+
     @classmethod
-    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
-        funcdef = src.forward_def(type(module))
+    def merged_name(cls, match: Match) -> str | None:
+        return "fused_qkv_a_proj" if "q_a_proj" in match.details else None
+
+    @classmethod
+    def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
+        """q_a and kv_a -> ``fused_qkv_a_proj`` split at the top-level statement before both;
+        the KV expansion call bypassed so the latent reaches vLLM's MLA attention."""
         if "q_a_proj" in match.details:
-            calls = [src.single_call(funcdef, n) for n in (match.details["q_a_proj"], match.details["kv_a_proj"])]
-            if not src.same_input(calls):
-                raise src.RewriteRefused("q and kv down-projections read different inputs")
-        kv_b = match.details["kv_b_proj"]
-
-        def is_expansion(name: str) -> bool:
-            method = getattr(type(module), name, None)
-            code = getattr(inspect.unwrap(method), "__code__", None) if method is not None else None
-            if code is None or code.co_argcount != 3 or kv_b not in code.co_names:
-                return False
-            try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
-            except (OSError, TypeError):
-                return False
-            returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
-            return bool(returns) and all(isinstance(r.value, ast.Tuple) and len(r.value.elts) == 2 for r in returns)
-
-        expansions = [
-            n
-            for n in ast.walk(funcdef)
-            if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and isinstance(n.func.value, ast.Name)
-            and n.func.value.id == "self"
-            and len(n.args) == 2
-            and not n.keywords
-            and is_expansion(n.func.attr)
-        ]
-        if len(expansions) != 1:
-            raise src.RewriteRefused("no single `self.<expand>(kv_c_normed, k_pe)` method applying kv_b_proj")
+            names = (match.details["q_a_proj"], match.details["kv_a_proj"])
+            src.merge_projections(funcdef, module, names, cls.merged_name(match), src.top_level, "q and kv down-projections")
+        src.bypass_latent_expansion(funcdef, module, match.details["kv_b_proj"])
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -44,23 +44,12 @@ class PackedQKV(Pattern):
             return Match(cls.name, (name,), o_name, {"q_size": q_size, "kv_size": kv_size})
         return None
 
+    rewrites_source = True
+
     @classmethod
-    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
-        funcdef = src.forward_def(type(module))
-        (name,) = match.projections
-        splits = [
-            n
-            for n in ast.walk(funcdef)
-            if isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Attribute)
-            and n.func.attr == "split"
-            and n.args
-            and isinstance(n.args[0], (ast.Tuple, ast.List))
-            and len(n.args[0].elts) == 3
-            and any(isinstance(i, ast.Attribute) and i.attr == name for i in ast.walk(n.func.value))
-        ]
-        if len(splits) != 1:
-            raise src.RewriteRefused(f"self.{name} has {len(splits)} three-way splits in the source (needs exactly one)")
+    def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
+        """The split sizes -> the sharded projection's per-rank widths."""
+        src.packed_split(funcdef, match.projections[0])
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -52,25 +52,18 @@ class QKV(Pattern):
             o_name = None
         return Match(cls.name, names, o_name)
 
+    rewrites_source = True
+
     @classmethod
-    def check_rewrite(cls, match: Match, module: nn.Module) -> None:
-        funcdef = src.forward_def(type(module))
-        calls = [src.single_call(funcdef, name) for name in match.projections]
-        if not src.same_input(calls):
-            raise src.RewriteRefused("q/k/v projections read inputs written differently")
-        dumps = {ast.dump(c.args[0]) for c in calls}
-        others = {n for n, c in module.named_children() if isinstance(c, nn.Linear)} - set(match.projections)
-        for node in ast.walk(funcdef):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in others
-                and any(ast.dump(a) in dumps for a in node.args)
-            ):
-                raise src.RewriteRefused(f"another linear (self.{node.func.attr}) reads the same input")
-        block, indices = src.common_block(funcdef, calls)
-        src.check_input_stable(funcdef, module, calls, block, indices)
-        src.splice_names_free(funcdef, 3)
+    def merged_name(cls, match: Match) -> str:
+        return "qkv_proj"
+
+    @classmethod
+    def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
+        """``q(x), k(x), v(x)`` -> ``qkv_proj(x).split(...)`` before the earliest call, in the
+        innermost block holding all three; no other linear may read the same input (the
+        trace may be partial, so exclusivity is proven in source)."""
+        src.merge_projections(funcdef, module, match.projections, cls.merged_name(match), src.common_block, "q/k/v projections", exclusive=True)
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

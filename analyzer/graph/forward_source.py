@@ -1,12 +1,19 @@
-"""What the forward's *source* says, where tracing cannot see.
+"""What the forward's *source* says, where tracing cannot see, and vLLM's rewrite of it.
+
+This module is the one home of vLLM's forward rewrite (``fx_utils.recover_forward``,
+``self_call_and_refs``, ``bypass_existence_guard``, ``block_chain``, ``written_names`` /
+``aliasing_names`` and each fuser's ``update_forward``). The analyzer runs the rewrite on a
+fresh parse to decide whether a fusion happens (``Pattern.check_rewrite``); ``verify``
+runs the same rewrite and compiles it to prove the fused numbers (``fused_forward``). One
+code path, so the two cannot disagree about what vLLM refuses.
 
 vLLM applies a fusion by rewriting the forward with ``ast``: one ``self.<proj>(x)`` call
 per projection, other references only as existence guards, inputs written the same way,
 no closure, no name-mangled attributes, nothing between the calls that rebinds or
 mutates the input. If the rewrite is refused the fusion silently does not happen, so
-hfcheck checks the same preconditions here and reports the reason. The attention
-dispatch (``ALL_ATTENTION_FUNCTIONS``) and its ``scaling=`` / ``s_aux=`` arguments are
-also read here, from source only.
+hfcheck runs the same rewrite here and reports the reason. The attention dispatch
+(``ALL_ATTENTION_FUNCTIONS``) and its ``scaling=`` / ``s_aux=`` arguments are also read
+here, from source only.
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ import ast
 import copy
 import inspect
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from torch import nn
 
+MERGED_TEMPORARY = "_vllm_merged_{}"
+"""The names vLLM binds the parts of a merged projection to (``_splice_merged_split``)."""
+
 
 class RewriteRefused(ValueError):
-    """The forward's source does not admit the rewrite vLLM would make."""
+    """The forward's source does not admit the rewrite vLLM would make (vLLM skips the fusion)."""
 
 
 @lru_cache(maxsize=None)
@@ -34,9 +45,12 @@ def _parsed(fn) -> ast.FunctionDef:
     return funcdef
 
 
-def forward_def(cls: type[nn.Module]) -> ast.FunctionDef:
-    """A fresh parse of ``cls.forward`` (callers may fold guards in it), refused where
-    vLLM refuses to rewrite it."""
+def recover_forward(cls: type[nn.Module]) -> tuple[ast.FunctionDef, Callable]:
+    """A fresh parse of ``cls.forward`` ready to rewrite, and the function it came from
+    (vLLM's ``recover_forward``): refused for a closure, a forward without source and a
+    name-mangled attribute (recompiled outside the class body it would change meaning);
+    decorators and annotations dropped (the function is already unwrapped, annotations may
+    not evaluate outside their module)."""
     fn = inspect.unwrap(cls.forward)
     if getattr(fn, "__code__", None) is None:
         raise RewriteRefused("forward has no Python source")
@@ -46,11 +60,31 @@ def forward_def(cls: type[nn.Module]) -> ast.FunctionDef:
         funcdef = copy.deepcopy(_parsed(fn))
     except (OSError, TypeError, SyntaxError) as exc:
         raise RewriteRefused(f"forward source unavailable ({type(exc).__name__})") from None
+    funcdef.decorator_list = []
+    funcdef.returns = None
+    args = funcdef.args
+    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, *(a for a in (args.vararg, args.kwarg) if a)):
+        arg.annotation = None
     for node in ast.walk(funcdef):
         name = getattr(node, "attr", None) or getattr(node, "id", None)
         if isinstance(name, str) and name.startswith("__") and not name.endswith("__"):
             raise RewriteRefused(f"{name} would be name-mangled")
-    return funcdef
+    return funcdef, fn
+
+
+def forward_def(cls: type[nn.Module]) -> ast.FunctionDef:
+    """A fresh parse of ``cls.forward`` (callers may rewrite it), refused where vLLM refuses."""
+    return recover_forward(cls)[0]
+
+
+def compile_forward(funcdef: ast.FunctionDef, fn: Callable) -> Callable:
+    """Compile a rewritten ``funcdef`` in ``fn``'s module, its lines where ``fn``'s were."""
+    module = ast.Module(body=[funcdef], type_ignores=[])
+    ast.fix_missing_locations(module)
+    ast.increment_lineno(module, fn.__code__.co_firstlineno - 1)
+    namespace: dict = {}
+    exec(compile(module, fn.__code__.co_filename, "exec"), fn.__globals__, namespace)
+    return namespace[funcdef.name]
 
 
 def _self_attr(node: ast.AST, name: str) -> bool:
@@ -78,13 +112,14 @@ def _is_guard(ref: ast.Attribute, parents: dict[int, ast.AST]) -> bool:
     return isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.Not)
 
 
-def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
-    for parent in ast.walk(tree):
-        for fieldname, value in ast.iter_fields(parent):
-            if value is old:
-                setattr(parent, fieldname, new)
-            elif isinstance(value, list) and any(v is old for v in value):
-                value[:] = [new if v is old else v for v in value]
+def replace_node(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
+    """Put ``new`` where ``old`` (by identity) is in ``tree`` (vLLM's ``replace_expr``)."""
+
+    class _Swap(ast.NodeTransformer):
+        def visit(self, node: ast.AST) -> ast.AST:
+            return new if node is old else self.generic_visit(node)
+
+    _Swap().visit(tree)
 
 
 def _fold_guard(funcdef: ast.FunctionDef, ref: ast.Attribute, parents: dict[int, ast.AST]) -> None:
@@ -92,9 +127,9 @@ def _fold_guard(funcdef: ast.FunctionDef, ref: ast.Attribute, parents: dict[int,
     rewrite does (``self.x is not None`` -> True, ``self.x is None`` -> False, ``if self.x`` -> True)."""
     parent = parents.get(id(ref))
     if isinstance(parent, ast.Compare) and len(parent.ops) == 1 and isinstance(parent.ops[0], (ast.Is, ast.IsNot)):
-        _replace(funcdef, parent, ast.copy_location(ast.Constant(isinstance(parent.ops[0], ast.IsNot)), parent))
+        replace_node(funcdef, parent, ast.copy_location(ast.Constant(isinstance(parent.ops[0], ast.IsNot)), parent))
     else:
-        _replace(funcdef, ref, ast.copy_location(ast.Constant(True), ref))
+        replace_node(funcdef, ref, ast.copy_location(ast.Constant(True), ref))
 
 
 def single_call(funcdef: ast.FunctionDef, name: str, *, guards_allowed: bool = True) -> ast.Call:
@@ -128,12 +163,14 @@ def same_input(calls: list[ast.Call]) -> bool:
 
 
 def statement_path(block: list[ast.stmt], node: ast.AST) -> list[tuple[list[ast.stmt], int]]:
-    """(statement list, index) pairs from ``block`` down to the statement holding ``node``."""
+    """(statement list, index) pairs from ``block`` down to the statement holding ``node``
+    (vLLM's ``block_chain``: bodies, else branches, handlers, finally, match cases)."""
     for index, stmt in enumerate(block):
         if not any(c is node for c in ast.walk(stmt)):
             continue
         inner = [getattr(stmt, f, None) for f in ("body", "orelse", "finalbody")]
         inner += [h.body for h in getattr(stmt, "handlers", [])]
+        inner += [c.body for c in getattr(stmt, "cases", [])]
         for sub in inner:
             if isinstance(sub, list) and sub and (tail := statement_path(sub, node)):
                 return [(block, index), *tail]
@@ -152,6 +189,28 @@ def common_block(funcdef: ast.FunctionDef, calls: list[ast.Call]) -> tuple[list[
             break
         depth += 1
     return paths[0][depth - 1][0], [p[depth - 1][1] for p in paths]
+
+
+def same_block(funcdef: ast.FunctionDef, calls: list[ast.Call]) -> tuple[list[ast.stmt], list[int]]:
+    """The one statement list every call sits directly in (merged column), and their indices."""
+    paths = [statement_path(funcdef.body, c) for c in calls]
+    if any(not p for p in paths):
+        raise RewriteRefused("projection calls not found in the forward body")
+    if len({id(p[-1][0]) for p in paths}) != 1:
+        raise RewriteRefused("the parallel linear calls are in different blocks")
+    return paths[0][-1][0], [p[-1][1] for p in paths]
+
+
+def top_level(funcdef: ast.FunctionDef, calls: list[ast.Call]) -> tuple[list[ast.stmt], list[int]]:
+    """The forward's body and the index of the top-level statement holding each call (MLA:
+    ``q_a_proj`` usually sits in the ``else`` of ``if self.q_lora_rank is None``)."""
+    indices = []
+    for call in calls:
+        index = next((i for i, stmt in enumerate(funcdef.body) if any(c is call for c in ast.walk(stmt))), None)
+        if index is None:
+            raise RewriteRefused("projection calls not found in the forward body")
+        indices.append(index)
+    return funcdef.body, indices
 
 
 def _base_name(node: ast.expr) -> str | None:
@@ -280,10 +339,127 @@ def check_input_stable(
         raise RewriteRefused("the projection input (or a view of it) is rebound or mutated between the projections")
 
 
-def splice_names_free(funcdef: ast.FunctionDef, count: int) -> None:
-    names = {n.id for n in ast.walk(funcdef) if isinstance(n, ast.Name)}
-    if names & {f"_vllm_merged_{i}" for i in range(count)}:
+# --- the edits (each fuser's update_forward) ------------------------------------------
+
+
+def local_sizes(merged: str) -> ast.expr:
+    """``[s // self.<merged>.tp_size for s in self.<merged>.output_sizes]``: per-rank widths."""
+    return ast.parse(f"[s // self.{merged}.tp_size for s in self.{merged}.output_sizes]", mode="eval").body
+
+
+def splice_merged_split(funcdef: ast.FunctionDef, calls: list[ast.Call], block: list[ast.stmt], index: int, merged: str) -> None:
+    """Insert ``_vllm_merged_0, ... = self.<merged>(x).split(local sizes, -1)`` at
+    ``block[index]`` and put each temporary where its call was; refused when a temporary
+    would shadow a name the forward already uses."""
+    temps = [MERGED_TEMPORARY.format(i) for i in range(len(calls))]
+    if {n.id for n in ast.walk(funcdef) if isinstance(n, ast.Name)} & set(temps):
         raise RewriteRefused("fused temporaries would shadow existing names")
+    merged_call = ast.Call(ast.Attribute(ast.Name("self", ast.Load()), merged, ast.Load()), [copy.deepcopy(calls[0].args[0])], [])
+    stmt = ast.Assign(
+        targets=[ast.Tuple([ast.Name(t, ast.Store()) for t in temps], ast.Store())],
+        value=ast.Call(ast.Attribute(merged_call, "split", ast.Load()), [local_sizes(merged), ast.Constant(-1)], []),
+    )
+    ast.copy_location(stmt, block[index])
+    block.insert(index, stmt)
+    for call, temp in zip(calls, temps):
+        replace_node(funcdef, call, ast.Name(temp, ast.Load()))
+
+
+def merge_projections(
+    funcdef: ast.FunctionDef, module: nn.Module, names: tuple[str, ...], merged: str, placement, what: str, *, exclusive: bool = False
+) -> None:
+    """``self.a(x) ... self.b(x)`` -> one ``self.<merged>(x).split(...)`` before the first
+    call, at the place ``placement`` (``common_block``, ``same_block``, ``top_level``) gives;
+    the input must be written the same way and stay unchanged between the calls.
+    ``exclusive`` (q/k/v): no other linear child may read the same input."""
+    calls = [single_call(funcdef, n) for n in names]
+    if not same_input(calls):
+        raise RewriteRefused(f"{what} read inputs written differently")
+    if exclusive:
+        dumps = {ast.dump(c.args[0]) for c in calls}
+        others = {n for n, c in module.named_children() if isinstance(c, nn.Linear)} - set(names)
+        for node in ast.walk(funcdef):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in others
+                and any(ast.dump(a) in dumps for a in node.args)
+            ):
+                raise RewriteRefused(f"another linear (self.{node.func.attr}) reads the same input")
+    block, indices = placement(funcdef, calls)
+    check_input_stable(funcdef, module, calls, block, indices)
+    splice_merged_split(funcdef, calls, block, min(indices), merged)
+
+
+def merge_glu(funcdef: ast.FunctionDef, gate: str, up: str, act: str, merged: str) -> None:
+    """``act(gate(x)) * up(x)`` -> ``act(<merged>(x))`` (the activation becomes an act-and-mul)."""
+    act_call = single_call(funcdef, act, guards_allowed=False)
+    gate_call, up_call = single_call(funcdef, gate), single_call(funcdef, up)
+    if act_call.args[0] is not gate_call:
+        raise RewriteRefused("the activation does not directly wrap the gate projection")
+    if not same_input([gate_call, up_call]):
+        raise RewriteRefused("gate and up read inputs written differently")
+    muls = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and {id(n.left), id(n.right)} == {id(act_call), id(up_call)}
+    ]
+    if len(muls) != 1:
+        raise RewriteRefused("no single `act(gate(x)) * up(x)` multiply in the source")
+    gate_call.func.attr = merged
+    replace_node(funcdef, muls[0], act_call)
+
+
+def packed_split(funcdef: ast.FunctionDef, name: str) -> None:
+    """The one ``....split((q, kv, kv))`` of ``<name>``'s output -> per-rank sizes (vLLM's
+    ``_split_call`` matches any attribute named ``name`` under the split)."""
+    splits = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "split"
+        and n.args
+        and isinstance(n.args[0], (ast.Tuple, ast.List))
+        and len(n.args[0].elts) == 3
+        and any(isinstance(i, ast.Attribute) and i.attr == name for i in ast.walk(n.func.value))
+    ]
+    if len(splits) != 1:
+        raise RewriteRefused(f"self.{name} has {len(splits)} three-way splits in the source (needs exactly one)")
+    splits[0].args[0] = local_sizes(name)
+
+
+def _expands_latent(module: nn.Module, method_name: str, kv_b: str) -> bool:
+    """``self.<method>(kv_c_normed, k_pe)``: two inputs, every return a pair, applies ``kv_b``."""
+    method = getattr(type(module), method_name, None)
+    code = getattr(inspect.unwrap(method), "__code__", None) if method is not None else None
+    if code is None or code.co_argcount != 3 or kv_b not in code.co_names:
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
+    return bool(returns) and all(isinstance(r.value, ast.Tuple) and len(r.value.elts) == 2 for r in returns)
+
+
+def bypass_latent_expansion(funcdef: ast.FunctionDef, module: nn.Module, kv_b: str) -> None:
+    """MLA: the one KV expansion call ``self.<expand>(kv_c, k_pe)`` -> ``(kv_c, k_pe)``, so the
+    latent reaches vLLM's MLA attention unexpanded."""
+    calls = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+        and len(n.args) == 2
+        and not n.keywords
+        and _expands_latent(module, n.func.attr, kv_b)
+    ]
+    if len(calls) != 1:
+        raise RewriteRefused("no single `self.<expand>(kv_c_normed, k_pe)` method applying kv_b_proj")
+    replace_node(funcdef, calls[0], ast.Tuple(list(calls[0].args), ast.Load()))
 
 
 # --- attention dispatch -------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""vLLM's semantics live in one place: what scan predicts is what verify applies and proves.
+
+Each test here failed while the behaviour was written twice (issue 14, "One home for vLLM's
+semantics"): the forward rewrite (``analyzer/graph/forward_source.py`` and a copy in verify),
+the ``recursive_replace`` walk (``analyzer/graph/observe.py`` and a copy in verify), and the
+verdict arithmetic (``analyzer/report/verdict.py``, verify's own penalties, the policy score).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from hfcheck.analyzer.fusions.base import FusionContext
+from hfcheck.analyzer.fusions.detect import class_fusions, clear_cache
+from hfcheck.analyzer.graph.forward_source import RewriteRefused
+
+
+def _attend(q, k, v, o_proj, head_dim: int):
+    b, s, _ = q.shape
+    q, k, v = (t.view(b, s, -1, head_dim).transpose(1, 2) for t in (q, k, v))
+    k, v = k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    out = ((q @ k.transpose(2, 3)) * head_dim**-0.5).softmax(-1) @ v
+    return o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class _QKV(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head_dim = 4
+        self.q_proj = nn.Linear(16, 16)
+        self.k_proj = nn.Linear(16, 8)
+        self.v_proj = nn.Linear(16, 8)
+        self.o_proj = nn.Linear(16, 16)
+
+
+class MangledAttention(_QKV):
+    """Reads a name-mangled attribute: vLLM refuses to recompile this forward outside its class."""
+
+    def __init__(self):
+        super().__init__()
+        self.__gain = 1.0
+
+    def forward(self, hidden_states):
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        return _attend(q, k, v, self.o_proj, self.head_dim) * self.__gain
+
+
+class OldTemporaryAttention(_QKV):
+    """Uses the name verify's own copy of the rewrite once gave its temporaries (vLLM's are
+    ``_vllm_merged_<i>``): nothing for vLLM to refuse."""
+
+    def forward(self, hidden_states):
+        _hfc_merged_0 = hidden_states
+        q, k, v = self.q_proj(_hfc_merged_0), self.k_proj(_hfc_merged_0), self.v_proj(_hfc_merged_0)
+        return _attend(q, k, v, self.o_proj, self.head_dim)
+
+
+class VllmTemporaryAttention(_QKV):
+    """Uses vLLM's own temporary name: vLLM refuses the fusion, and so must scan and verify."""
+
+    def forward(self, hidden_states):
+        _vllm_merged_0 = hidden_states
+        q, k, v = self.q_proj(_vllm_merged_0), self.k_proj(_vllm_merged_0), self.v_proj(_vllm_merged_0)
+        return _attend(q, k, v, self.o_proj, self.head_dim)
+
+
+def _qkv_site(module: nn.Module):
+    from hfcheck.verify.fusion import Site
+
+    return Site("", type(module).__name__, "qkv", ("q_proj", "k_proj", "v_proj"), "o_proj")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+@pytest.mark.parametrize("cls", [MangledAttention, VllmTemporaryAttention])
+def test_verify_refuses_the_forward_rewrite_scan_refuses(cls):
+    """The refusal (name mangling; a temporary that would shadow a name) is scan's, word for word."""
+    from hfcheck.verify.fusion import apply_site
+
+    module = cls().eval()
+    refused = dict(class_fusions(module).refused)
+    assert "qkv" in refused
+    with pytest.raises(RewriteRefused) as caught:
+        apply_site(copy.deepcopy(module), _qkv_site(module), None)
+    assert str(caught.value) == refused["qkv"]
+
+
+def test_verify_applies_the_fusion_scan_predicts_with_vllms_temporaries():
+    from hfcheck.verify.common import rel_error
+    from hfcheck.verify.fusion import apply_site, find_sites
+
+    torch.manual_seed(0)
+    module = OldTemporaryAttention().eval()
+    sites = [s for s in find_sites(module, FusionContext(head_size=4)) if s.fusion == "qkv"]
+    assert [s.projections for s in sites] == [("q_proj", "k_proj", "v_proj")]
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        reference = module(x)
+        fused = copy.deepcopy(module)
+        apply_site(fused, sites[0], None)
+        assert hasattr(fused, "qkv_proj") and not hasattr(fused, "q_proj")
+        assert rel_error(fused(x), reference) <= 1e-6
+
+
+class TwoHeads(nn.Module):
+    """Two sibling projections of one input: a merged column, named as vLLM names it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 4)
+        self.b_c = nn.Linear(8, 6)
+
+    def forward(self, hidden_states):
+        return torch.cat([self.a(hidden_states), self.b_c(hidden_states)], -1)
+
+
+def test_merged_column_gets_vllms_name():
+    from hfcheck.verify.common import rel_error
+    from hfcheck.verify.fusion import apply_site, find_sites
+
+    module = TwoHeads().eval()
+    (site,) = [s for s in find_sites(module, FusionContext(head_size=1)) if s.fusion == "merged_column"]
+    fused = copy.deepcopy(module)
+    apply_site(fused, site, None)
+    assert hasattr(fused, "merged_proj_1_a_3_b_c")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert rel_error(fused(x), module(x)) <= 1e-6
