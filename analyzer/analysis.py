@@ -37,8 +37,19 @@ class Analysis:
         return fusion_context(self.facts)
 
 
-def fusion_context(facts: ModelFacts, tp_size: int = 1) -> FusionContext:
-    return FusionContext(head_size=facts.head_dim or 1, tp_size=tp_size, use_mla=facts.uses_mla)
+def fusion_context(facts: ModelFacts, tp_size: int = 1, *, head_size: int | None = None, attn_implementation: str | None = None) -> FusionContext:
+    """What vLLM reads from the config when it fuses: the one constructor scan, the sandbox
+    and verify use (``head_size``: verify's shrunk instance has its own)."""
+    from hfcheck.analyzer.fusions.moe import divides_shared_output
+
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return FusionContext(
+        head_size=head_size or facts.head_dim or 1,
+        tp_size=tp_size,
+        use_mla=facts.uses_mla,
+        divides_shared_output=divides_shared_output(facts.dtype, facts.routed_scaling_factor),
+        **extra,
+    )
 
 
 def resolve_transformers_class(facts: ModelFacts) -> tuple[type | None, str | None]:
@@ -91,7 +102,6 @@ def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeou
     timings["instance"] = time.perf_counter() - t1
     if instance is not None and observations is None:
         t2 = time.perf_counter()
-        fp16_divides = facts.dtype == "float16" and facts.routed_scaling_factor != 1.0
-        observations = observe(instance.model, fusion_context(facts), fp16_divides)
+        observations = observe(instance.model, fusion_context(facts))
         timings["graph"] = time.perf_counter() - t2
     return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox)

@@ -135,3 +135,100 @@ def test_merged_column_gets_vllms_name():
     x = torch.randn(3, 8)
     with torch.no_grad():
         assert rel_error(fused(x), module(x)) <= 1e-6
+
+
+# --- the recursive_replace walk: verify proves what scan observes ------------------------
+
+
+def test_verify_keeps_the_models_routing_where_scan_predicts_it_fp16(tmp_path):
+    """DeepSeek-V3 in float16 (routed_scaling_factor 2.5, a shared expert): vLLM divides the shared
+    expert's output and keeps transformers routing. Scan says so; verify must prove that, not
+    vLLM's own sigmoid routing (it did, while its walk did not get scan's fp16 flag)."""
+    from conftest import write_model
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.verify.common import build_subject
+    from hfcheck.verify.fusion import find_sites, fusion_context, prove_fusions
+    from hfcheck.verify.runner import observed_fusions
+
+    analysis = analyse(resolve(str(write_model(tmp_path / "ds", "deepseek_v3", dtype="float16"))))
+    assert analysis.facts.dtype == "float16" and analysis.facts.routed_scaling_factor != 1.0
+    assert analysis.fusion_context.divides_shared_output
+    blocks = [b for _, b in analysis.observations.moe_blocks]
+    assert blocks and not any(b.internal_routing for b in blocks) and all(b.shared_expert for b in blocks)
+    subject = build_subject(analysis.facts, analysis.config_object)
+    ctx = fusion_context(subject, analysis.facts)
+    assert ctx.divides_shared_output
+    moe = [s for s in find_sites(subject.model, ctx) if s.fusion == "moe"]
+    assert moe and not any(s.details["internal"] for s in moe)
+    claims = [p for p in prove_fusions(subject, analysis.facts, observed_fusions(analysis)) if p.claim.startswith("fusion moe")]
+    assert claims and all("model's own routing" in p.claim and p.status == "proven" for p in claims), [p.to_dict() for p in claims]
+
+
+class _Router(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, hidden_states):
+        logits = torch.nn.functional.linear(hidden_states, self.weight)
+        weights, ids = torch.topk(logits.softmax(-1), 2, dim=-1)
+        return logits, weights / weights.sum(-1, keepdim=True), ids
+
+
+class _Experts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.randn(4, 16, 16) * 0.2)
+        self.down_proj = nn.Parameter(torch.randn(4, 16, 8) * 0.2)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for expert in range(self.gate_up_proj.shape[0]):
+            token, slot = torch.where(top_k_index == expert)
+            gate, up = torch.nn.functional.linear(hidden_states[token], self.gate_up_proj[expert]).chunk(2, -1)
+            out = out.index_add(0, token, torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, self.down_proj[expert]) * top_k_weights[token, slot, None])
+        return out
+
+
+class RenamedRouterMoE(nn.Module):
+    """vLLM routes this block itself; its router is not called ``gate``."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = _Router()
+        self.experts = _Experts()
+        self.shared_expert = nn.Sequential(nn.Linear(16, 8), nn.SiLU(), nn.Linear(8, 16))
+        self.shared_expert_gate = nn.Linear(16, 1, bias=False)
+
+    def forward(self, hidden_states):
+        _, weights, ids = self.router(hidden_states)
+        out = self.experts(hidden_states, ids, weights)
+        return out + torch.sigmoid(self.shared_expert_gate(hidden_states)) * self.shared_expert(hidden_states)
+
+
+def test_moe_router_and_shared_gate_names_come_from_the_analysis():
+    """The router and the shared-expert gate verify applies are the children scan's analysis
+    found (structured fields), not names parsed out of its human-readable reason."""
+    import types
+
+    from hfcheck.analyzer.fusions.moe import analyse_block
+    from hfcheck.verify.common import rel_error
+    from hfcheck.verify.fusion import apply_site, find_sites
+    from hfcheck.verify.layers import StackedExperts
+
+    torch.manual_seed(0)
+    block = RenamedRouterMoE().eval()
+    analysed = analyse_block(block)
+    assert analysed.internal_routing and (analysed.gate, analysed.shared_expert, analysed.shared_gate) == ("router", "shared_expert", "shared_expert_gate")
+    (site,) = [s for s in find_sites(block, FusionContext(head_size=1)) if s.fusion == "moe"]
+    assert (site.details["gate"], site.details["shared_gate"]) == ("router", "shared_expert_gate")
+    x = torch.randn(6, 16)
+    text = types.SimpleNamespace(hidden_size=16, num_experts_per_tok=2, norm_topk_prob=True, architectures=[])
+    with torch.no_grad():
+        reference = block(x)
+        fused = copy.deepcopy(block)
+        apply_site(fused, site, text)
+        assert isinstance(fused.experts, StackedExperts)
+        assert rel_error(fused(x), reference) <= 1e-5

@@ -22,7 +22,6 @@ this module only swaps the modules and compares the numbers:
 
 from __future__ import annotations
 
-import re
 import types
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -37,8 +36,6 @@ from hfcheck.analyzer.fusions.detect import BY_NAME, fused_forward
 from hfcheck.analyzer.graph.forward_source import RewriteRefused
 from hfcheck.verify import layers as L
 from hfcheck.verify.common import ATTN, TOLERANCE, Proof, Subject, Timer, generic, rel_error, run_model, single_thread
-
-_NO_RECURSE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 @dataclass
@@ -62,40 +59,30 @@ class Site:
 
 
 def fusion_context(subject: Subject, facts, tp_size: int = 1):
-    from hfcheck.analyzer.fusions.base import FusionContext
+    """scan's ``fusion_context`` (the fp16 routing rule included), with the shrunk instance's head size."""
+    from hfcheck.analyzer.analysis import fusion_context as scan_context
 
-    return FusionContext(head_size=subject.head_dim or 1, tp_size=tp_size, use_mla=facts.uses_mla, attn_implementation=ATTN)
+    return scan_context(facts, tp_size, head_size=subject.head_dim or 1, attn_implementation=ATTN)
 
 
 def find_sites(model: nn.Module, ctx) -> list[Site]:
-    """The fusions vLLM would apply to ``model``, walked as ``recursive_replace`` walks it."""
-    from hfcheck.analyzer.fusions.detect import instance_fusions
-    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, analyse_block, experts_replaceable
+    """The fusions vLLM would apply to ``model``: scan's own ``recursive_replace`` walk
+    (``analyzer.graph.observe``) on this instance, read back as sites to apply."""
+    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
+    from hfcheck.analyzer.graph.observe import observe
 
-    sites: list[Site] = []
-
-    def visit(module: nn.Module, path: str) -> None:
-        for match in instance_fusions(module, ctx).chosen:
-            sites.append(Site(path, type(module).__name__, match.fusion, tuple(match.projections), match.row_parallel, dict(match.details)))
-        experts = dict(module.named_children()).get(EXPERTS_NAME)
-        if experts is not None and experts_replaceable(experts)[0]:
-            block = analyse_block(module)
-            gate = re.search(r"router '([^']+)'", block.routing_reason or "")
-            shared_gate = None
-            if block.shared_expert:  # `sigmoid(g(x)) * shared(x)`: g is the block's one-logit linear
-                shared_gate = next((n for n, c in module.named_children() if isinstance(c, nn.Linear) and c.out_features == 1
-                                    and n != (gate.group(1) if gate else None)), None)
-            sites.append(
-                Site(path, type(module).__name__, "moe", (EXPERTS_NAME,), None,
-                     {"internal": block.internal_routing, "scoring": block.scoring, "shared": block.shared_expert,
-                      "shared_gate": shared_gate, "gate": gate.group(1) if gate else "gate", "experts_class": block.experts_class})
-            )
-        for name, child in module.named_children():
-            if isinstance(child, _NO_RECURSE) or (name == EXPERTS_NAME and experts_replaceable(child)[0]):
-                continue
-            visit(child, f"{path}.{name}" if path else name)
-
-    visit(model, "")
+    observations = observe(model, ctx)
+    sites = [
+        Site(m.path, m.cls, match.fusion, tuple(match.projections), match.row_parallel, dict(match.details))
+        for m in observations.modules
+        for match in m.matches
+    ]
+    for path, block in observations.moe_blocks:
+        if not block.experts_replaceable:
+            continue
+        details = {"internal": block.internal_routing, "scoring": block.scoring, "shared": block.shared_expert,
+                   "shared_gate": block.shared_gate, "gate": block.gate, "experts_class": block.experts_class}
+        sites.append(Site(path, block.block_class, "moe", (EXPERTS_NAME,), None, details))
     return sites
 
 
@@ -234,7 +221,7 @@ def apply_moe(block: nn.Module, site: Site, text: Any) -> None:
     block.experts = L.StackedExperts(w13, w2, list(range(w13.shape[0])), kernel)
     if not site.details.get("internal"):
         return
-    gate = block.get_submodule(site.details.get("gate") or "gate")
+    gate = block.get_submodule(site.details["gate"])
     top_k = _config_value(text, V.TOP_K_FIELDS)
     norm = getattr(text, "norm_topk_prob", None)
     renormalize = bool(norm) if norm is not None else top_k > 1

@@ -28,6 +28,10 @@ class FusionContext:
     tp_size: int = 1
     use_mla: bool = False
     attn_implementation: str = "hfcheck"
+    divides_shared_output: bool = False
+    """fp16 with ``routed_scaling_factor != 1``: vLLM divides the shared expert's output and
+    keeps transformers routing (``moe.divides_shared_output``). Built by
+    ``analysis.fusion_context`` for scan, the sandbox and verify alike."""
 
 
 @dataclass

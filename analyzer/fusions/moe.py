@@ -129,46 +129,70 @@ class MoEBlock:
     block_taken_over: bool = False
     """vLLM replaces the block forward: internal routing, or a transformers router with the
     shared expert moved into FusedMoE (when the experts' output is not scaled)."""
+    gate: str | None = None
+    """The router child (``_, weights, ids = <gate>(x)``), when the block has that shape."""
+    shared_gate: str | None = None
+    """The one-logit linear of ``sigmoid(<shared_gate>(x)) * shared(x)``, when there is one."""
+
+
+def divides_shared_output(dtype: str | None, routed_scaling_factor: float | None) -> bool:
+    """vLLM divides the shared expert's output by ``routed_scaling_factor`` in float16
+    (overflow protection), and so keeps transformers' routing for such a block."""
+    return str(dtype or "").replace("torch.", "") == "float16" and routed_scaling_factor not in (None, 1.0)
 
 
 def analyse_block(block: nn.Module, divides_shared_output: bool = False) -> MoEBlock:
     """``divides_shared_output``: vLLM would divide the shared expert's output by
-    ``routed_scaling_factor`` (fp16 overflow protection), so it keeps transformers routing."""
+    ``routed_scaling_factor`` (fp16 overflow protection), so it keeps transformers routing
+    (``FusionContext.divides_shared_output`` carries it, from ``divides_shared_output()``)."""
     experts = block.get_submodule(EXPERTS_NAME)
     replaceable, why = experts_replaceable(experts)
-    internal, routing_why, scoring, shared, taken = _routing(block, experts)
-    if internal and shared and divides_shared_output:
+    r = _routing(block, experts)
+    internal, routing_why, scoring, taken = r.internal, r.why, r.scoring, r.taken
+    if internal and r.shared and divides_shared_output:
         internal, scoring = False, None
         routing_why = "fp16 with routed_scaling_factor != 1 and a shared expert: vLLM keeps transformers routing (run in bfloat16 to fuse it)"
         taken = False
-    return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, shared, taken)
+    return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, r.shared, taken, r.gate, r.shared_gate)
 
 
-def _routing(block: nn.Module, experts: nn.Module) -> tuple[bool, str, str | None, str | None, bool]:
-    """(internal routing, why, router scoring, shared expert name, block forward taken over)."""
+@dataclass(frozen=True)
+class _Routing:
+    internal: bool
+    why: str
+    scoring: str | None = None
+    shared: str | None = None
+    taken: bool = False
+    gate: str | None = None
+    shared_gate: str | None = None
+
+
+def _routing(block: nn.Module, experts: nn.Module) -> _Routing:
+    """Internal routing, why, router scoring, shared expert, block forward taken over, and
+    the router and shared-gate children that decided it."""
     if _returns_tuple(type(block)):
-        return False, "the block forward returns a tuple (e.g. router logits)", None, None, False
+        return _Routing(False, "the block forward returns a tuple (e.g. router logits)")
     traced = trace_module(block)
     graph = traced.graph
     if graph is None:
-        return False, f"the block forward does not trace ({traced.error})", None, None, False
+        return _Routing(False, f"the block forward does not trace ({traced.error})")
     call = find(graph, lambda n: n.op == "call_module" and n.target == EXPERTS_NAME)
     if call is None:
-        return False, "the traced forward never calls self.experts" + (f" (trace stopped: {traced.error})" if traced.error else ""), None, None, False
+        return _Routing(False, "the traced forward never calls self.experts" + (f" (trace stopped: {traced.error})" if traced.error else ""))
     try:
         bound = inspect.signature(experts.forward).bind(*call.args, **call.kwargs)
     except TypeError:
-        return False, "the experts call does not bind to the experts forward signature", None, None, False
+        return _Routing(False, "the experts call does not bind to the experts forward signature")
     if len(bound.arguments) != 3:
-        return False, "experts are not called as experts(hidden_states, top_k_index, top_k_weights)", None, None, False
+        return _Routing(False, "experts are not called as experts(hidden_states, top_k_index, top_k_weights)")
     x, ids, weights = (_unwrap(a, block) for a in bound.arguments.values())
     if not (isinstance(x, fx.Node) and x.op == "placeholder"):
-        return False, "the experts do not read the block's input directly", None, None, False
+        return _Routing(False, "the experts do not read the block's input directly")
     if not (is_op(ids, "getitem") and is_op(weights, "getitem")):
-        return False, "top-k ids/weights do not come from `_, weights, ids = gate(x)`", None, None, False
+        return _Routing(False, "top-k ids/weights do not come from `_, weights, ids = gate(x)`")
     gate = ids.args[0]
     if not (_reads_input(gate, x, block) and ids.args == (gate, 2) and weights.args == (gate, 1)):
-        return False, "top-k ids/weights do not come from `_, weights, ids = gate(x)`", None, None, False
+        return _Routing(False, "top-k ids/weights do not come from `_, weights, ids = gate(x)`")
     gate_name = str(gate.target)
     scoring = router_scoring(block.get_submodule(gate_name))
 
@@ -179,12 +203,12 @@ def _routing(block: nn.Module, experts: nn.Module) -> tuple[bool, str, str | Non
     shared = shared_name = shared_gate = None
     if not is_routed(out):
         if not (is_op(out, "add") and len(out.args) == 2):
-            return False, "the block output is not experts(...) [+ shared(x)]", scoring, None, False
+            return _Routing(False, "the block output is not experts(...) [+ shared(x)]", scoring, gate=gate_name)
         routed, shared = (_unwrap(a, block) for a in out.args)
         if is_routed(shared):
             routed, shared = shared, routed
         if not is_routed(routed):
-            return False, "the block output is not experts(...) [+ shared(x)]", scoring, None, False
+            return _Routing(False, "the block output is not experts(...) [+ shared(x)]", scoring, gate=gate_name)
     if shared is not None:
         if _reads_input(shared, x, block):
             shared_name = str(shared.target)
@@ -199,15 +223,16 @@ def _routing(block: nn.Module, experts: nn.Module) -> tuple[bool, str, str | Non
                             shared_name, shared_gate = str(expert.target), str(g.target)
                             break
         if shared_name is None:
-            return False, "the shared-expert branch is not shared(x) or sigmoid(gate(x)) * shared(x)", scoring, None, False
+            return _Routing(False, "the shared-expert branch is not shared(x) or sigmoid(gate(x)) * shared(x)", scoring, gate=gate_name)
     accounted = {EXPERTS_NAME, gate_name, shared_name, shared_gate}
     extra = [n for n, c in block.named_children() if n not in accounted and next(_named_state(c), None) is not None]
     if extra:
-        return False, f"the block has other stateful children ({', '.join(extra)})", scoring, shared_name, False
+        return _Routing(False, f"the block has other stateful children ({', '.join(extra)})", scoring, shared_name, gate=gate_name, shared_gate=shared_gate)
     if scoring is None:
         taken = shared_name is not None and routed is call
         why = f"the gate {gate_name!r} is not a topk(softmax|sigmoid(linear)) router vLLM can run"
         if taken:
             why += f"; vLLM still takes the block over and runs the shared expert {shared_name!r} in FusedMoE"
-        return False, why, None, shared_name, taken
-    return True, f"vLLM routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else ""), scoring, shared_name, True
+        return _Routing(False, why, None, shared_name, taken, gate_name, shared_gate)
+    why = f"vLLM routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else "")
+    return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate)

@@ -1,7 +1,12 @@
 """Walk a tiny instance the way vLLM's ``recursive_replace`` does and record what it sees.
 
+The one home of that walk: scan observes the structural instance with it, the sandbox the
+remote classes, and ``verify`` its runnable instance (``verify.fusion.find_sites`` reads the
+fusions to apply from these observations, so it proves exactly what scan would predict for
+that instance, the fp16 routing rule included: ``FusionContext.divides_shared_output``).
+
 The result is raw observation (no verdicts): per module instance, the fusions it takes
-and why others were refused; per decoder layer, the modules that would serve its
+(with the matches that say how) and why others were refused; per decoder layer, the modules that would serve its
 attention; MoE blocks; the decoder's ModuleLists; and a networkx graph of modules
 (containment) and data flow between sibling modules (from each class's fx trace).
 """
@@ -15,7 +20,7 @@ import networkx as nx
 from torch import fx, nn
 
 from hfcheck.analyzer.fusions.attention import layer_index, scaling_problem, sinks_problem
-from hfcheck.analyzer.fusions.base import FusionContext
+from hfcheck.analyzer.fusions.base import FusionContext, Match
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
 from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, MoEBlock, analyse_block, experts_replaceable
 
@@ -36,6 +41,8 @@ class ModuleObservation:
     linear_children: int = 0
     projections: dict[str, tuple[str, ...]] = field(default_factory=dict)
     row_parallel: dict[str, str] = field(default_factory=dict)
+    matches: list[Match] = field(default_factory=list)
+    """The chosen fusions, attention included, as the patterns matched them (what to apply)."""
 
 
 @dataclass
@@ -95,7 +102,7 @@ def _dataflow_edges(graph: fx.Graph | None, prefix: str) -> list[tuple[str, str]
     return edges
 
 
-def observe(model: nn.Module, ctx: FusionContext, divides_shared_output: bool = False) -> Observations:
+def observe(model: nn.Module, ctx: FusionContext) -> Observations:
     graph = nx.DiGraph()
     modules: list[ModuleObservation] = []
     attention_by_layer: dict[int, list[str]] = defaultdict(list)
@@ -119,6 +126,7 @@ def observe(model: nn.Module, ctx: FusionContext, divides_shared_output: bool = 
             trace_complete=cf.trace.complete if cf.trace else None,
             trace_error=cf.trace.error if cf.trace else None,
             linear_children=sum(isinstance(c, nn.Linear) for c in module.children()),
+            matches=list(inst.chosen),
         )
         for m in inst.chosen:
             if m.projections:
@@ -139,7 +147,7 @@ def observe(model: nn.Module, ctx: FusionContext, divides_shared_output: bool = 
             graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
         experts = dict(module.named_children()).get(EXPERTS_NAME)
         if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
-            moe_blocks.append((path, analyse_block(module, divides_shared_output)))
+            moe_blocks.append((path, analyse_block(module, ctx.divides_shared_output)))
         for name, child in module.named_children():
             child_path = f"{path}.{name}" if path else name
             graph.add_edge(path or "<model>", child_path, kind="contains")

@@ -118,7 +118,7 @@ class _ResultUnpickler(pickle.Unpickler):
         ("builtins", "bool"), ("builtins", "bytes"), ("builtins", "complex"),
         ("collections", "OrderedDict"), ("collections", "defaultdict"),
         ("hfcheck.analyzer.graph.observe", "Observations"), ("hfcheck.analyzer.graph.observe", "ModuleObservation"),
-        ("hfcheck.analyzer.fusions.moe", "MoEBlock"), ("hfcheck.analyzer.facts", "ModelFacts"),
+        ("hfcheck.analyzer.fusions.moe", "MoEBlock"), ("hfcheck.analyzer.fusions.base", "Match"), ("hfcheck.analyzer.facts", "ModelFacts"),
     }
 
     def find_class(self, module: str, name: str):
@@ -346,8 +346,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
         stage = "building the structural instance"
         instance = build_structural(facts, cfg_obj)
         stage = "observing the instance"
-        fp16_divides = facts.dtype == "float16" and facts.routed_scaling_factor != 1.0
-        observations = observe(instance.model, fusion_context(facts), fp16_divides)
+        observations = observe(instance.model, fusion_context(facts))
         payload.update(
             facts=facts,
             observations=observations,
