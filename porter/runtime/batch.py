@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 HEAD_DIM = 32
+MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
 TOKENS = 4
 PROMPT = [3, 17, 5, 9, 11, 2, 7, 13]
 
@@ -71,12 +72,24 @@ def build_folder(model_type: str, folder: Path):
 
     config, _ = default_config(model_type)
     facts, cfg_obj = collect_facts(config)
-    small, _ = shrunk_config(facts, cfg_obj, "tiny", head_dim=HEAD_DIM)
-    small.architectures = config["architectures"]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
-    model.save_pretrained(folder)
-    return model
+    errors = []
+    for shrink in ("tiny", "structural"):  # as the analyzer's instance: real widths when small ones are refused
+        try:
+            small, _ = shrunk_config(facts, cfg_obj, shrink, head_dim=HEAD_DIM)
+            small.architectures = config["architectures"]
+            torch.manual_seed(0)
+            with torch.device("meta"):
+                probe = AutoModelForCausalLM.from_config(small)
+            size = sum(p.numel() for p in probe.parameters())
+            if size > MAX_PARAMETERS:
+                raise ValueError(f"{size / 1e6:.0f} M parameters at this size (over {MAX_PARAMETERS / 1e6:.0f} M)")
+            model = AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+        except Exception as exc:  # noqa: BLE001 - try the next size
+            errors.append(f"{shrink}: {_first(exc)}")
+            continue
+        model.save_pretrained(folder)
+        return model
+    raise RuntimeError("; ".join(errors))
 
 
 def run_one(model_type: str, work: Path) -> dict[str, Any]:
