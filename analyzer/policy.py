@@ -21,8 +21,8 @@ What a policy changes:
 - a failing check that is not enforced is still reported, as a warning (SARIF level
   ``warning``, ``::warning`` annotation), and does not fail the run;
 - ``report["policy"]["score"]`` is the score recomputed without the ignored checks (the same
-  rules as ``report["score"]``, which stays hfcheck's unfiltered prediction); the
-  ``fail-under`` gate reads the policy score.
+  rules as ``report["score"]``, ``analyzer/verdict.py``, failed proofs included, which stays
+  hfcheck's unfiltered prediction); the ``fail-under`` gate reads the policy score.
 
 The verdict is never changed: it is a statement about vLLM, not about the policy.
 """
@@ -77,7 +77,7 @@ class Policy:
         out["checks"] = [c for c in out.get("checks", []) if not self.ignores(c["code"])]
         if "code_findings" in out and out["code_findings"] is not None:
             out["code_findings"] = [c for c in out["code_findings"] if not self.ignores(c["code"])]
-        out["policy"] = {**self.to_dict(), "ignored": ignored, "score": policy_score(out["checks"])}
+        out["policy"] = {**self.to_dict(), "ignored": ignored, "score": policy_score(out["checks"], out.get("proofs") or ())}
         return out
 
     def exit_code(self, report: dict[str, Any], fail_under: int | None = None) -> int:
@@ -114,11 +114,11 @@ def enforced(report: dict[str, Any], code: str) -> bool:
     return True if patterns is None else _matches(code, patterns)
 
 
-def policy_score(checks: list[dict[str, Any]]) -> int:
-    from hfcheck.analyzer.report.verdict import score_of
-    from hfcheck.analyzer.rules.base import Finding
+def policy_score(checks: list[dict[str, Any]], proofs: Iterable[Any] = ()) -> int:
+    """The score of the checks a policy keeps, with the report's proofs (``analyzer/verdict.py``)."""
+    from hfcheck.analyzer.verdict import judge
 
-    return score_of([Finding(c["code"], c["status"], c.get("message", ""), c.get("remediation"), c.get("impact", "info")) for c in checks])
+    return judge(checks, proofs)[1]
 
 
 def _read(path: Path) -> Any:

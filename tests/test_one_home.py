@@ -232,3 +232,60 @@ def test_moe_router_and_shared_gate_names_come_from_the_analysis():
         apply_site(fused, site, text)
         assert isinstance(fused.experts, StackedExperts)
         assert rel_error(fused(x), reference) <= 1e-5
+
+
+# --- the verdict: one arithmetic for scan, verify, the policy and the TUI ----------------
+
+
+@pytest.fixture(scope="module")
+def llama_report(tmp_path_factory):
+    from conftest import write_model
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+
+    analysis = analyse(resolve(str(write_model(tmp_path_factory.mktemp("llama"), "llama"))))
+    return analysis, build_report(analysis)
+
+
+def test_a_failed_proof_costs_what_the_failing_check_of_its_impact_costs(llama_report):
+    from hfcheck.analyzer.verdict import PENALTY, judge
+    from hfcheck.verify.cli import attach_proofs
+    from hfcheck.verify.common import Proof
+
+    analysis, report = llama_report
+    assert (report["verdict"], report["score"]) == ("native-speed", 100) == judge(report["checks"])
+    for kind, impact in (("fusion", "speed"), ("tp", "parallel"), ("pp", "parallel"), ("ep", "parallel")):
+        out = attach_proofs(copy.deepcopy(report), analysis, [Proof(f"{kind} claim", kind, "failed", 0.1, 0.0, "diverges")])
+        assert (out["verdict"], out["score"]) == ("runs", 100 - PENALTY[("fail", impact)])
+    # a blocked model's score is capped the same way whether a check or a proof fails
+    blocker = {"code": "HFC201", "status": "fail", "impact": "blocker", "message": "m"}
+    blocked = dict(copy.deepcopy(report), checks=[*report["checks"], blocker])
+    out = attach_proofs(blocked, analysis, [Proof("fusion", "fusion", "failed", 0.1, 0.0)])
+    speed = {"code": "HFC301", "status": "fail", "impact": "speed", "message": "m"}
+    assert (out["verdict"], out["score"]) == judge([*report["checks"], blocker, speed]) == ("blocked", 20)
+
+
+def test_policy_score_counts_the_failed_proofs_the_report_counts(llama_report):
+    from hfcheck.analyzer.policy import parse_policy
+    from hfcheck.verify.cli import attach_proofs
+    from hfcheck.verify.common import Proof
+
+    analysis, report = llama_report
+    out = attach_proofs(copy.deepcopy(report), analysis, [Proof("TP 2", "tp", "failed", 0.1, 0.0, "diverges")])
+    assert out["score"] == 90
+    assert parse_policy({}).apply(out)["policy"]["score"] == 90
+    assert parse_policy({"fail-under": 95}).exit_code(parse_policy({"fail-under": 95}).apply(out)) == 1
+
+
+def test_every_verdict_is_named_once():
+    import json
+    from importlib import resources
+
+    from hfcheck.analyzer.verdict import LOADS, VERDICTS
+    from hfcheck.tui import rows
+
+    schema = json.loads(resources.files("hfcheck.analyzer.report").joinpath("scan.schema.json").read_text())
+    assert set(schema["properties"]["verdict"]["enum"]) == set(VERDICTS)
+    assert rows.VERDICTS is VERDICTS and LOADS < set(VERDICTS)

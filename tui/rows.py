@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfcheck.analyzer.sweep.targets import Target
+from hfcheck.analyzer.verdict import VERDICTS
 
 QUEUED, SCANNING, DONE, CANCELLED = "queued", "scanning", "done", "cancelled"
 ERROR = "error"  # the verdict cell of a model whose analysis failed
 PENDING = "pending"  # the verdict filter matching queued / scanning / cancelled rows
 
-VERDICTS = ("native-speed", "runs", "inconclusive", "blocked")
 VERDICT_FILTERS: tuple[str | None, ...] = (None, *VERDICTS, ERROR, PENDING)
 VERDICT_STYLE = {
     "native-speed": "bold green",

@@ -14,10 +14,6 @@ from typing import Any
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
-PENALTY = {"fusion": 15, "tp": 10, "pp": 10, "ep": 10}
-"""Score lost per failed proof: a wrong fusion costs what a failing speed check costs, a
-wrong parallel plan what a failing parallel check costs."""
-
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("verify", help="prove scan's fusions and parallel plans numerically on a tiny CPU instance")
@@ -42,21 +38,20 @@ def _tp_sizes(text: str) -> tuple[int, ...]:
 
 
 def attach_proofs(report: dict[str, Any], analysis, proofs: list | None = None, **options) -> dict[str, Any]:
-    """Add ``proofs`` to a scan report (running them unless given) and let failures count:
-    each failed proof costs score (``PENALTY``) and a ``native-speed`` verdict becomes ``runs``.
+    """Add ``proofs`` to a scan report (running them unless given) and let failures count: the
+    verdict and score are judged again from the checks and the proofs (``analyzer/verdict.py``:
+    a failed proof counts as a failing check of its impact, so ``native-speed`` becomes ``runs``).
     ``options`` go to ``verify_analysis`` (``tp_sizes``, ``parallel``, ``seed``, ``timeout_s``)."""
     if proofs is None:
         from hfcheck.verify.runner import verify_analysis
 
         options.setdefault("blocked", report.get("verdict") == "blocked")
         proofs = verify_analysis(analysis, **options)
+    from hfcheck.analyzer.verdict import judge
+
     records = [p if isinstance(p, dict) else p.to_dict() for p in proofs]
     report["proofs"] = records
-    failed = [p for p in records if p["status"] == "failed"]
-    if failed:
-        report["score"] = max(0, report["score"] - sum(PENALTY.get(p.get("kind"), 10) for p in failed))
-        if report.get("verdict") == "native-speed":
-            report["verdict"] = "runs"
+    report["verdict"], report["score"] = judge(report["checks"], records)
     return report
 
 

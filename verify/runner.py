@@ -32,7 +32,7 @@ def verify_analysis(analysis, *, tp_sizes: tuple[int, ...] = DEFAULT_TP_SIZES, p
 
     if blocked is None:
         from hfcheck.analyzer.report import run_rules
-        from hfcheck.analyzer.report.verdict import verdict_of
+        from hfcheck.analyzer.verdict import verdict_of
 
         blocked = verdict_of(run_rules(analysis)) == "blocked"
     with single_thread():

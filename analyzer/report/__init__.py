@@ -15,7 +15,7 @@ from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.analysis import Analysis
 from hfcheck.analyzer.remote import code_findings
 from hfcheck.analyzer.report.memory import estimate, suggested_parallelism
-from hfcheck.analyzer.report.verdict import score_of, verdict_of
+from hfcheck.analyzer.verdict import score_of, verdict_of
 from hfcheck.analyzer.rules.base import Finding
 from hfcheck.analyzer.rules.parallel import ANY_BACKEND, inferred_plan, refusal_scope, tp_constraints
 from hfcheck.analyzer.rules.registry import RULES
