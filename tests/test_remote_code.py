@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import write_model
 from hfcheck.analyzer.remote import CodeIndex, code_findings, static_findings
-from hfcheck.analyzer.remote.checks import unguarded_imports
+from hfcheck.analyzer.remote.checks.imports import unguarded_imports
 from hfcheck.analyzer.remote.removed_apis import REMOVED, still_installed
 from hfcheck.analyzer.sources import ModelSource, resolve
 
@@ -140,6 +140,24 @@ def test_missing_code_is_inconclusive_and_syntax_errors_fail():
     broken = _source(config, {"modeling_x.py": "import torch\n\ndef f(:\n    pass\n"})
     failures = [f for f in code_findings(broken) if f["code"] == "HFC800"]
     assert failures == [{"code": "HFC800", "file": "modeling_x.py", "line": 3, "message": failures[0]["message"], "status": "fail", "remediation": failures[0]["remediation"]}]
+
+
+def test_each_family_documents_exactly_the_codes_its_checks_report():
+    """analyzer/remote/checks/: one module per check family, the rules documenting its codes
+    beside the checks that report them (no code reported in one module, documented in another)."""
+    import inspect
+
+    from hfcheck.analyzer.remote import checks
+    from hfcheck.analyzer.rules.remote_code import REMOTE_CODE_RULES
+
+    seen: list[str] = []
+    for family in checks.FAMILIES:
+        documented = {rule.code for rule in family.RULES}
+        reported = set(re.findall(r'"(HFC8\d\d)"', inspect.getsource(family)))
+        assert documented and reported == documented, (family.__name__, sorted(reported), sorted(documented))
+        seen += documented
+    assert len(seen) == len(set(seen))
+    assert sorted(seen) == [r.code for r in checks.RULES] == [r.code for r in REMOTE_CODE_RULES if r.code != "HFC830"]
 
 
 def test_rules_document_themselves_and_carry_file_and_line():
@@ -306,7 +324,7 @@ def test_result_unpickler_refuses_code(tmp_path):
 
 
 def test_static_failures_become_notes_when_the_built_model_decides():
-    from hfcheck.analyzer.rules.remote_code import PipelineModuleLists
+    from hfcheck.analyzer.remote.checks.pipeline import PipelineModuleLists
 
     source = resolve(str(FIXTURES / "two_lists"))
     (static,) = PipelineModuleLists().check(SimpleNamespace(source=source))

@@ -28,6 +28,8 @@ from functools import lru_cache
 
 from torch import nn
 
+from hfcheck.analyzer.remote.ast_helpers import dispatch_calls, dispatch_names
+
 MERGED_TEMPORARY = "_vllm_merged_{}"
 """The names vLLM binds the parts of a merged projection to (``_splice_merged_split``)."""
 
@@ -465,16 +467,6 @@ def bypass_latent_expansion(funcdef: ast.FunctionDef, module: nn.Module, kv_b: s
 # --- attention dispatch -------------------------------------------------------------
 
 
-def _is_interface_lookup(node: ast.expr | None) -> bool:
-    if isinstance(node, ast.Call):
-        node = node.func
-    return (
-        isinstance(node, (ast.Attribute, ast.Subscript))
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "ALL_ATTENTION_FUNCTIONS"
-    )
-
-
 @dataclass(frozen=True)
 class InterfaceDispatch:
     """How a forward dispatches through the transformers attention interface."""
@@ -488,21 +480,15 @@ class InterfaceDispatch:
 
 @lru_cache(maxsize=None)
 def attention_dispatch(forward) -> InterfaceDispatch | None:
-    """Read the interface call from source, both idioms (``[impl]`` and ``get_interface``)."""
+    """Read the interface call from source, both idioms (``[impl]`` and ``get_interface``), with
+    the readings the remote-code checks use (``analyzer/remote/ast_helpers.py``)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(forward))))
     except (AttributeError, OSError, SyntaxError, TypeError):
         return None
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and _is_interface_lookup(node.value):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
-    calls = [
-        n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in names
-    ]
-    if not names:
+    if not dispatch_names(tree):
         return None
+    calls = dispatch_calls(tree)
     if len(calls) != 1:
         return InterfaceDispatch(len(calls), None, None, None)
     call = calls[0]

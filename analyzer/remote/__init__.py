@@ -1,7 +1,8 @@
 """Remote code (``auto_map``): static analysis by default, sandboxed execution only on request.
 
 - ``static_findings(source)``: parse every file of ``source.code_files`` once with ``ast``
-  (``index.py``) and run the HFC8xx checks (``checks.py``) on it. Nothing is imported or
+  (``index.py``) and run the HFC8xx checks (``checks/``, one module per check family, the
+  shared readings in ``ast_helpers.py`` and ``roles.py``) on it. Nothing is imported or
   executed; the result is cached per code text, so every rule and the report share one run.
 - ``code_findings(source)``: the report's ``code_findings[{code, file, line, message}]``
   (problems only: fail / warn / info / inconclusive).
@@ -18,6 +19,7 @@ from typing import Any
 
 from hfcheck.analyzer.remote.checks import CodeFinding, run_checks
 from hfcheck.analyzer.remote.index import CodeIndex
+from hfcheck.analyzer.vocabulary import EXPERT_COUNT_FIELDS
 
 __all__ = ["CodeFinding", "CodeIndex", "analyse_code", "code_findings", "has_remote_code", "static_findings"]
 
@@ -34,7 +36,7 @@ def analyse_code(code_files: dict[str, str], config: dict[str, Any] | None = Non
     """Every static finding (passes included) for these files; cached on their text."""
     config = config if isinstance(config, dict) else {}
     key = (tuple(sorted(code_files.items())), json.dumps(config.get("auto_map"), sort_keys=True, default=str),
-           json.dumps({k: config.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")}, default=str), tuple(missing))
+           json.dumps({k: config.get(k) for k in EXPERT_COUNT_FIELDS}, default=str), tuple(missing))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import inspect
-import re
 import sys
 
+from hfcheck.analyzer.remote.ast_helpers import passes_source_test
 from hfcheck.analyzer.rules.base import Finding, Rule
 
 
@@ -18,9 +18,7 @@ def source_gate(cls: type) -> bool:
         code = inspect.getsource(module)
     except (OSError, TypeError):
         return False
-    if re.search(r"^class \w*Attention\w*\(nn\.Module\):", code, re.MULTILINE):
-        return "ALL_ATTENTION_FUNCTIONS.get_interface(" in code
-    return True
+    return passes_source_test(code)
 
 
 class ClassResolution(Rule):

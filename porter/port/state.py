@@ -8,8 +8,8 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hfcheck.analyzer.remote.checks import Roles, find_roles
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex
+from hfcheck.analyzer.remote.roles import Roles, find_roles
 
 
 @dataclass

@@ -27,7 +27,8 @@ import re
 
 import libcst as cst
 
-from hfcheck.analyzer.remote.checks import attention_by_hand, dispatch_names
+from hfcheck.analyzer.remote.ast_helpers import dispatch_names
+from hfcheck.analyzer.remote.checks.attention import attention_by_hand
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, add_init_assign, assigned, init_owner, init_param_of_config, parse, save
 

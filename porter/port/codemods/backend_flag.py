@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfcheck.analyzer.remote.checks import dispatch_names
+from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
 

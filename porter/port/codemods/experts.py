@@ -22,7 +22,10 @@ import re
 
 import libcst as cst
 
-from hfcheck.analyzer.remote.checks import _counts_experts, _is_call_to, _looks_swapped, _param_rank
+from hfcheck.analyzer.remote.ast_helpers import is_call_to as _is_call_to
+from hfcheck.analyzer.remote.checks.moe import counts_experts as _counts_experts
+from hfcheck.analyzer.remote.checks.moe import looks_swapped as _looks_swapped
+from hfcheck.analyzer.remote.checks.moe import param_rank as _param_rank
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from hfcheck.analyzer.remote.checks import _auto_map_classes, dispatch_names
+from hfcheck.analyzer.remote.ast_helpers import dispatch_names
+from hfcheck.analyzer.remote.roles import auto_map_classes as _auto_map_classes
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
 

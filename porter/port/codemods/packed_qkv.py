@@ -15,7 +15,7 @@ import re
 
 import libcst as cst
 
-from hfcheck.analyzer.remote.checks import _PACKED_NAME
+from hfcheck.analyzer.remote.checks.packed_qkv import PACKED_NAME as _PACKED_NAME
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
 
