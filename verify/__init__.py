@@ -2,7 +2,11 @@
 
 The analyzer predicts, ``verify`` proves, ``porter`` changes a model: three top-level folders
 (``analyzer/``, ``verify/``, ``porter/``), shipped as ``hfcheck.analyzer``, ``hfcheck.verify``
-and ``hfcheck.porter``.
+and ``hfcheck.porter``. What vLLM does is written once, in the analyzer, and imported here: the
+forward rewrite (each fusion pattern's ``rewrite``, ``analyzer.fusions.detect.fused_forward``),
+the ``recursive_replace`` walk (``analyzer.graph.observe``: ``fusion.find_sites`` reads its
+observations) and the verdict (``analyzer.verdict``: ``cli.attach_proofs``). This package adds
+only the applying, the sharding and the comparing.
 
 - ``fusion``: apply each predicted fusion the way vLLM does (forward rewritten with ``ast``,
   merged weights split back, act-and-mul kernels, stacked experts, MLA's fused a-projection,
