@@ -14,7 +14,13 @@ from typing import Any
 from hfcheck.analyzer.facts import ModelFacts, collect_facts
 from hfcheck.analyzer.fusions.base import FusionContext
 from hfcheck.analyzer.graph.observe import Observations, observe
-from hfcheck.analyzer.instance import InstanceError, TinyInstance, build_structural
+from hfcheck.analyzer.instance import (
+    CheckpointNames,
+    InstanceError,
+    TinyInstance,
+    build_structural,
+    checkpoint_names,
+)
 from hfcheck.analyzer.sources import ModelSource
 
 
@@ -31,6 +37,8 @@ class Analysis:
     timings: dict[str, float] = field(default_factory=dict)
     sandbox: Any = None
     """The sandboxed remote-code run (``--trust-remote-code``), when there was one."""
+    checkpoint: CheckpointNames | None = None
+    """The causal-LM class's parameter names as vLLM's weight loader meets them."""
 
     @property
     def fusion_context(self) -> FusionContext:
@@ -104,4 +112,9 @@ def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeou
         t2 = time.perf_counter()
         observations = observe(instance.model, fusion_context(facts))
         timings["graph"] = time.perf_counter() - t2
-    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox)
+    checkpoint = None
+    if instance is not None and sandbox is None:
+        t3 = time.perf_counter()
+        checkpoint = checkpoint_names(facts, cfg_obj, cls, instance.model)
+        timings["checkpoint"] = time.perf_counter() - t3
+    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox, checkpoint)

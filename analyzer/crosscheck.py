@@ -34,9 +34,10 @@ import importlib.metadata
 import importlib.util
 import os
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.analysis import Analysis
@@ -121,14 +122,14 @@ def render_cross_check_text(cross: dict[str, Any], console: Any) -> None:
         console.print(f"  {d['quantity']} {d['where']}: vLLM={d['vllm']!r} hfcheck={d['hfcheck']!r}{where}", markup=False)
 
 
-def cross_check(analysis: "Analysis", report: dict[str, Any] | None = None) -> dict[str, Any]:
+def cross_check(analysis: Analysis, report: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``cross_check`` block for this analysis (never raises for a vLLM-side problem)."""
     version = installed_vllm_version()
     if not supported(version):
         return unavailable(version)
     try:
         vllm_api = _import_vllm()
-    except Exception as exc:  # broken install, missing CUDA runtime pieces, ...
+    except Exception as exc:  # noqa: BLE001 - broken install, missing CUDA runtime pieces, ...
         return unavailable(version, f"vLLM does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     diffs = _Differences()
     compared: dict[str, int] = {}
@@ -165,13 +166,16 @@ def _import_vllm() -> SimpleNamespace:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import vllm
-        import vllm.model_executor.models.transformers  # noqa: F401  (registers the "vllm" attention function)
+        import vllm.model_executor.models.transformers
         from vllm.config import ModelConfig
         from vllm.model_executor.models import registry
         from vllm.model_executor.models.transformers.fuser import Fusers, get_fusers
         from vllm.model_executor.models.transformers.fusers import AttentionFuser
         from vllm.model_executor.models.transformers.fusers.moe import MoEBlockFuser
-        from vllm.transformers_utils.model_arch_config_convertor import MODEL_ARCH_CONFIG_CONVERTORS, ModelArchConfigConvertorBase
+        from vllm.transformers_utils.model_arch_config_convertor import (
+            MODEL_ARCH_CONFIG_CONVERTORS,
+            ModelArchConfigConvertorBase,
+        )
     return SimpleNamespace(
         vllm=vllm, registry=registry, ModelConfig=ModelConfig, Fusers=Fusers, get_fusers=get_fusers, AttentionFuser=AttentionFuser,
         MoEBlockFuser=MoEBlockFuser, convertors=MODEL_ARCH_CONFIG_CONVERTORS, convertor_base=ModelArchConfigConvertorBase,
@@ -217,7 +221,7 @@ def _status(report: dict[str, Any], code: str) -> str | None:
     return None
 
 
-def _registry(api: SimpleNamespace, analysis: "Analysis", report: dict[str, Any], diffs: _Differences, compared: dict[str, int]) -> str | None:
+def _registry(api: SimpleNamespace, analysis: Analysis, report: dict[str, Any], diffs: _Differences, compared: dict[str, int]) -> str | None:
     facts = analysis.facts
     archs = list(facts.architectures or [])
     if not archs:
@@ -242,7 +246,7 @@ def _registry(api: SimpleNamespace, analysis: "Analysis", report: dict[str, Any]
     convertor = api.convertors.get(getattr(config, "model_type", None), api.convertor_base)
     try:
         num_experts = convertor(config, text).get_num_experts()
-    except Exception:
+    except Exception:  # noqa: BLE001 - vLLM's private API may not handle this config: no experts then
         num_experts = 0
     stub = SimpleNamespace(
         hf_config=config, hf_text_config=text, is_moe=bool(num_experts and num_experts > 0), architectures=archs, runner="auto",
@@ -250,7 +254,7 @@ def _registry(api: SimpleNamespace, analysis: "Analysis", report: dict[str, Any]
     )
     try:
         backend_cls = api.ModelConfig._get_transformers_backend_cls(stub)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - vLLM's own failure is a recorded difference
         backend_cls = None
         diffs.add("registry_error", archs[0], f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}", None)
     stub._get_transformers_backend_cls = lambda: backend_cls
@@ -265,7 +269,7 @@ def _registry(api: SimpleNamespace, analysis: "Analysis", report: dict[str, Any]
             backend = None
             text_exc = str(exc)
             outcome = {"HFC101": "fail"} if "Cannot find model module" in text_exc else {"HFC101": "pass", "HFC102": "fail"}
-        except Exception as exc:  # vLLM itself failed on this config: record, do not guess
+        except Exception as exc:  # noqa: BLE001 - vLLM itself failed on this config: record, do not guess
             diffs.add("registry_error", archs[0], f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}", None)
             return None
         finally:
@@ -292,7 +296,7 @@ def _vllm_attention(model: Any) -> Iterator[None]:
             try:
                 config._attn_implementation = "vllm"
                 switched.append(config)
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - a config that refuses the attribute keeps its own
                 pass
     try:
         yield
@@ -301,7 +305,7 @@ def _vllm_attention(model: Any) -> Iterator[None]:
             config._attn_implementation = ATTN_IMPLEMENTATION
 
 
-def _vllm_config(api: SimpleNamespace, analysis: "Analysis") -> Any:
+def _vllm_config(api: SimpleNamespace, analysis: Analysis) -> Any:
     import torch
 
     config = analysis.instance.config
@@ -309,7 +313,7 @@ def _vllm_config(api: SimpleNamespace, analysis: "Analysis") -> Any:
     convertor = api.convertors.get(getattr(config, "model_type", None), api.convertor_base)
     try:
         head_size = convertor(config, text).convert().head_size
-    except Exception:
+    except Exception:  # noqa: BLE001 - vLLM's converter may not handle this config: its plain head size
         head_size = convertor(config, text).get_head_size()
     model_config = SimpleNamespace(use_mla=getattr(text, "kv_lora_rank", None) is not None, get_head_size=lambda: head_size, dtype=torch.bfloat16)
     return SimpleNamespace(model_config=model_config, parallel_config=SimpleNamespace(tensor_parallel_size=1), quant_config=None)
@@ -320,7 +324,7 @@ def _err(exc: BaseException) -> str:
     return f"ERROR {type(exc).__name__}: {text}"
 
 
-def _fusions(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, compared: dict[str, int]) -> None:
+def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, compared: dict[str, int]) -> None:
     from hfcheck.analyzer.fusions.detect import class_fusions
 
     model, obs = analysis.instance.model, analysis.observations
@@ -334,7 +338,7 @@ def _fusions(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, co
                 for f in fusers[module]:
                     if isinstance(f, api.AttentionFuser) and (idx := f.layer_index(module)) is not None:
                         vllm_attention.setdefault(idx, []).append(path)
-            except Exception:
+            except Exception:  # noqa: BLE001, S110 - vLLM's attention listing is best effort; the fusers are compared below
                 pass
         n = 0
         for m in obs.modules:
@@ -343,7 +347,7 @@ def _fusions(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, co
             try:
                 v_candidates = [_fuser_name(f) for f in api.get_fusers(module)]
                 v_chosen = [_fuser_name(f) for f in fusers[module]]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - vLLM's failure is recorded as the value
                 v_candidates = v_chosen = _err(exc)
             h_candidates = [p.name for p, _ in class_fusions(module).candidates]
             h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
@@ -360,7 +364,7 @@ def _fusions(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, co
             diffs.add("attention_by_layer", f"layer {idx}", theirs.get(idx), mine.get(idx))
 
 
-def _moe(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, compared: dict[str, int]) -> None:
+def _moe(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, compared: dict[str, int]) -> None:
     from torch import nn
 
     from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
@@ -397,7 +401,7 @@ def _moe(api: SimpleNamespace, analysis: "Analysis", diffs: _Differences, compar
                     "moe_scoring": fuser.scoring_func if fuser else None,
                     "moe_shared": fuser.shared_name if fuser else None,
                 }
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - vLLM's failure is recorded as the value
                 values = {"moe_replaceable": replaceable, "moe_block_fused": _err(exc)}
         predicted = {
             "moe_replaceable": h.experts_replaceable,

@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 STATUSES = ("pass", "fail", "warn", "info", "inconclusive")
 KEYS = ("fail-under", "enforce", "ignore", "fail-on")

@@ -74,8 +74,8 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.reference.establish import candidate_releases, required_packages
     from hfcheck.porter.reference.environments import EnvSpec, ensure_env
+    from hfcheck.porter.reference.establish import candidate_releases, required_packages
 
     print("reference environments (built once, then cached):")
     for name in names:

@@ -361,7 +361,7 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
     want = predicted(report)
     result.predicted = want.to_dict()
     work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
-    body = {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+    body = {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
 
     def one(tp: int, label: str) -> tuple[dict | None, str, bool, int | None]:
         p = port or _free_port()
@@ -475,7 +475,7 @@ def reference_main() -> None:  # pragma: no cover - runs in the child process (c
         if not job.get("prompt_ids"):
             try:
                 tok = AutoTokenizer.from_pretrained(job["model_dir"], trust_remote_code=job["trust"])
-            except Exception as exc:  # noqa: BLE001 - no usable tokenizer: token ids instead
+            except Exception as exc:
                 if not job.get("fallback_ids"):
                     raise
                 out["tokenizer_error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"

@@ -1,7 +1,7 @@
 """The atlas checked against what vLLM actually does: every causal-LM model type loaded in real
 vLLM (the CPU build here), its logged decisions compared with hfcheck's prediction.
 
-    .venv/bin/python scripts/runtime_crosscheck.py [--types qwen3,llama] [--batch 8] [--out reports/runtime-vllm-0.32.0.jsonl]
+    .venv/bin/python scripts/runtime_crosscheck.py [--types qwen3,llama] [--batch 8] [--out reports/runtime-vllm-0.32.0.jsonl] [--ray ADDRESS]
 
 - vLLM's CPU build is set up once (``porter.runtime.environment``) and hfcheck is installed into
   it without dependencies, so prediction and runtime read the same transformers (5.19 there);
@@ -13,7 +13,9 @@ vLLM (the CPU build here), its logged decisions compared with hfcheck's predicti
 - the summary prints agreement: over the types whose small instance builds, the share where
   hfcheck's verdict (loads or not) and every module's fusions and attention equal vLLM's.
 
-A full run is long on 2 cores (about 25 s per type: 196 types in 1.5 h).
+A full run is long on 2 cores (about 25 s per type: 196 types in 1.5 h). ``--ray ADDRESS`` runs
+the same batches as Ray tasks, as many at once as the cluster has ``--cpus-per-batch`` for; each
+task runs its batch under the same runner on its node and sends the rows back to this file.
 """
 
 from __future__ import annotations
@@ -57,35 +59,98 @@ def model_types(python: Path) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(types: list[str], python: Path, version: str, out: Path, batch: int, per_model_s: float, log) -> None:
+def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model_s: float) -> dict:
+    """One batch in an isolated child on this machine (the one isolated-process runner); the
+    batch appends a row per model type to ``out``. Returns which types got none: ``missing``, the
+    one it was running when it stopped (``stuck``) and why."""
     from hfcheck.analyzer.isolation import child_env, private_root, run_child
 
+    with private_root("hfcheck-runtime-batch-") as root:
+        job = {"model_types": chunk, "out": str(out), "progress": str(root / "progress"), "vllm_version": version}
+        (root / "job.json").write_text(json.dumps(job))
+        env = child_env(root, 2, {"VLLM_CPU_KVCACHE_SPACE": "1", "HFCHECK_ENV_DIR": str(root / "envs")})
+        child = run_child([str(python), "-m", "hfcheck.porter.runtime.batch", str(root / "job.json")], root,
+                          timeout=per_model_s * len(chunk) + 60, env=env, cwd=root / "work")
+        done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() else set()
+        missing = [t for t in chunk if t not in done]
+        stuck = ((root / "progress").read_text().strip() if (root / "progress").is_file() else "") or (missing[0] if missing else None)
+    why = "timed out" if child.timed_out else f"the process ended with status {child.returncode}"
+    return {"missing": missing, "stuck": stuck if missing else None, "why": why}
+
+
+def settle(outcome: dict, out: Path, version: str) -> list[str]:
+    """Record the model type a batch stopped on as crashed; the rest of its missing types run again."""
+    if not outcome["missing"]:
+        return []
+    stuck = outcome["stuck"] if outcome["stuck"] in outcome["missing"] else outcome["missing"][0]
+    with open(out, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"model_type": stuck, "status": "crashed", "error": f"{outcome['why']} while running it", "vllm": version}) + "\n")
+    return [t for t in outcome["missing"] if t != stuck]
+
+
+def run(types: list[str], python: Path, version: str, out: Path, batch: int, per_model_s: float, log,
+        ray: str | None = None, cpus_per_batch: float = 2) -> None:
+    """Every type in batches of ``batch``; a type that hangs or kills its batch is recorded as
+    crashed and the batch resumes after it. With ``ray`` (an address; ``""``: Ray's default)
+    the batches run as Ray tasks on the cluster instead, as many at once as it has CPUs for."""
+    if ray is not None:
+        return run_on_ray(types, python, version, out, batch, per_model_s, log, ray, cpus_per_batch)
     todo = list(types)
     while todo:
         chunk, todo = todo[:batch], todo[batch:]
-        with private_root("hfcheck-runtime-batch-") as root:
-            job = {"model_types": chunk, "out": str(out), "progress": str(root / "progress"), "vllm_version": version}
-            (root / "job.json").write_text(json.dumps(job))
-            env = child_env(root, 2, {"VLLM_CPU_KVCACHE_SPACE": "1", "HFCHECK_ENV_DIR": str(root / "envs")})
-            log(f"batch of {len(chunk)}: {', '.join(chunk)}")
-            child = run_child([str(python), "-m", "hfcheck.porter.runtime.batch", str(root / "job.json")], root,
-                              timeout=per_model_s * len(chunk) + 60, env=env, cwd=root / "work")
-            done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() else set()
-            missing = [t for t in chunk if t not in done]
-            if missing:
-                stuck = (root / "progress").read_text().strip() if (root / "progress").is_file() else missing[0]
-                why = "timed out" if child.timed_out else f"the process ended with status {child.returncode}"
+        log(f"batch of {len(chunk)}: {', '.join(chunk)}")
+        todo = settle(run_batch(chunk, python, version, out, per_model_s), out, version) + todo
+
+
+def ray_batch(chunk: list[str], python: str, version: str, per_model_s: float) -> dict:
+    """A Ray task: ``run_batch`` on the node it lands on, into a file there; its rows come back.
+    The node needs what this machine has at the same paths: vLLM's environment (``python``)
+    with hfcheck installed in it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hfcheck-runtime-ray-") as folder:
+        out = Path(folder) / "rows.jsonl"
+        outcome = run_batch(chunk, Path(python), version, out, per_model_s)
+        rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() else []
+    return {**outcome, "rows": rows}
+
+
+def run_on_ray(types: list[str], python: Path, version: str, out: Path, batch: int, per_model_s: float, log,
+               address: str, cpus_per_batch: float) -> None:
+    import logging
+
+    import ray
+
+    if __name__ != "__main__":  # imported (a test): Ray's workers cannot import this script by name
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address=address or None, logging_level=logging.ERROR, log_to_driver=False, include_dashboard=False)
+    try:
+        task = ray.remote(num_cpus=cpus_per_batch, max_retries=0)(ray_batch)
+        slots = max(1, int(ray.cluster_resources().get("CPU", 0) // cpus_per_batch))
+        todo = [types[i:i + batch] for i in range(0, len(types), batch)]
+        running: dict = {}
+        while todo or running:
+            while todo and len(running) < slots:
+                chunk = todo.pop(0)
+                log(f"batch of {len(chunk)} on Ray: {', '.join(chunk)}")
+                running[task.remote(chunk, str(python), version, per_model_s)] = chunk
+            ready, _ = ray.wait(list(running), num_returns=1)
+            for ref in ready:
+                chunk = running.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the node or the task's worker was lost
+                    line = next((x.strip() for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
+                    outcome = {"missing": chunk, "stuck": chunk[0], "why": f"the Ray task was lost ({line[:200]})", "rows": []}
                 with open(out, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"model_type": stuck, "status": "crashed", "error": f"{why} while running it", "vllm": version}) + "\n")
-                todo = [t for t in missing if t != stuck] + todo
-
-
-def agreement(rows: list[dict]) -> dict:
-    built = [r for r in rows if r.get("status") in ("loaded", "refused")]
-    verdict_ok = [r for r in built if (r["status"] == "loaded") == (r.get("verdict") in ("native-speed", "runs"))]
-    full_ok = [r for r in verdict_ok if r["status"] == "refused" or (not r.get("differences") and r.get("tokens_match"))]
-    return {"types": len(rows), "built": len(built), "verdict_agrees": len(verdict_ok), "all_agree": len(full_ok),
-            "disagree": sorted(r["model_type"] for r in built if r not in full_ok)}
+                    f.writelines(json.dumps(row) + "\n" for row in outcome["rows"])
+                done = {row.get("model_type") for row in outcome["rows"]}
+                outcome["missing"] = [t for t in chunk if t not in done]
+                again = settle(outcome, out, version)
+                if again:
+                    todo.insert(0, again)
+    finally:
+        ray.shutdown()
 
 
 def main() -> int:
@@ -95,12 +160,17 @@ def main() -> int:
     parser.add_argument("--per-model", type=float, default=180.0, help="seconds allowed per model type")
     parser.add_argument("--out", default=None)
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                        help="run the batches as Ray tasks on this cluster (every node needs vLLM's environment at the same path)")
+    parser.add_argument("--cpus-per-batch", type=float, default=2, help="CPUs a batch reserves on a Ray node (default 2)")
     parser.add_argument("--gate", metavar="TOML", default=None,
                         help="exit 1 when a type disagrees with vLLM and is not listed (with its reason) in this file")
     args = parser.parse_args()
 
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+
+    from hfcheck.porter.runtime.decisions import agreement
 
     python, version = prepare(log)
     out = Path(args.out or ROOT / "reports" / f"runtime-vllm-{version}.jsonl")
@@ -115,7 +185,7 @@ def main() -> int:
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     t0 = time.monotonic()
     if todo:
-        run(todo, python, version, tmp, args.batch, args.per_model, log)
+        run(todo, python, version, tmp, args.batch, args.per_model, log, ray=args.ray, cpus_per_batch=args.cpus_per_batch)
     rows = [dict(json.loads(line), hfcheck_source=key) for line in tmp.read_text().splitlines() if line.strip()]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.unlink()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_model
 from jsonschema import Draft4Validator
 
-from conftest import write_model
 from hfcheck.analyzer.policy import DEFAULT_POLICY, PolicyError, load_policy, parse_policy
 from hfcheck.analyzer.render.github import render_github
 from hfcheck.analyzer.render.sarif import problems, render_sarif

@@ -196,3 +196,18 @@ def test_cache_argument_is_concrete_none():
     traced = trace_module(model.layers[0].self_attn)
     assert traced.complete, traced.error
     assert not [n for n in traced.graph.nodes if n.op == "placeholder" and n.target in ("cache", "past_key_values")]
+
+
+def test_checkpoint_names_vllm_cannot_load_block(scan_type):
+    """What vLLM 0.32 (CPU build) refused at load in the runtime cross-check, predicted statically:
+    a head kept outside the base model and lm_head, and an ignore pattern that also matches a weight."""
+    bert = scan_type("bert")
+    (finding,) = check(bert, "HFC105")
+    assert finding["status"] == "fail" and "cls.predictions" in finding["message"]
+    assert bert["verdict"] == "blocked"
+    gpt2 = scan_type("gpt2")
+    (finding,) = check(gpt2, "HFC105")
+    assert finding["status"] == "fail" and "transformer.h.0.attn.c_attn.bias" in finding["details"]["dropped"]
+    for model_type in ("llama", "opt", "bloom"):  # heads named lm_head, no stray patterns
+        (finding,) = check(scan_type(model_type), "HFC105")
+        assert finding["status"] == "pass", (model_type, finding)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import causal_lm_architecture
 from transformers import AutoConfig
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.instance import build_structural, build_tiny, structural_prefix
-
-from conftest import causal_lm_architecture
 
 
 def facts_for(model_type: str, **overrides):

@@ -21,7 +21,6 @@ from hfcheck.analyzer.facts.layer_types import (
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig  # noqa: E402
-
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -52,7 +51,7 @@ def _build(model_type: str, **kwargs):
             logging.disable(logging.NOTSET)
     try:
         text = config.get_text_config()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a config without a text config
         text = config
     return text
 
@@ -76,7 +75,7 @@ def _reference(model_type: str, **kwargs) -> list[str]:
 
 
 def test_softmax_kinds_are_the_four_vllm_serves():
-    assert SOFTMAX_KINDS == {"full_attention", "sliding_attention", "chunked_attention", "window_attention"}
+    assert {"full_attention", "sliding_attention", "chunked_attention", "window_attention"} == SOFTMAX_KINDS
     assert SOFTMAX_KINDS < KNOWN_KINDS
 
 
@@ -548,7 +547,7 @@ def test_every_transformers_model_type_default():
         for kwargs in ({}, {"num_hidden_layers": 13}):
             try:
                 obj = _build(model_type, **kwargs)
-            except Exception:  # strict validation rejects these arguments (or the default)
+            except Exception:  # noqa: BLE001 - strict validation rejects these arguments (or the default)
                 continue
             declared = getattr(obj, "layer_types", None)
             if declared is None or not getattr(obj, "num_hidden_layers", None):

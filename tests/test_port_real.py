@@ -214,7 +214,6 @@ def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monk
     """A declared transformers release that does not exist, or an import no registry has: pip
     is asked (offline here: no index), fails, and the port says so in one line."""
     from hfcheck.porter.cli import main
-
     from hfcheck.porter.reference.environments import env_root
 
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: only wheels already on this machine

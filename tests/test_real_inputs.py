@@ -305,7 +305,7 @@ def test_every_real_config_passes_the_border():
     for model_type in CONFIG_MAPPING:
         try:
             config = AutoConfig.for_model(model_type).to_dict()
-        except Exception:  # transformers' own default that does not build
+        except Exception:  # noqa: BLE001 - transformers' own default that does not build
             continue
         check_config(config)
         seen += 1

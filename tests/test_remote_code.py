@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import write_model
+
 from hfcheck.analyzer.remote import CodeIndex, code_findings, static_findings
 from hfcheck.analyzer.remote.checks.imports import unguarded_imports
 from hfcheck.analyzer.remote.removed_apis import REMOVED, still_installed

@@ -353,7 +353,7 @@ class _FakeHub(BaseHTTPRequestHandler):
         data = self.files[repo_id][filename].encode()
         self.send_response(200)
         self.send_header("X-Repo-Commit", SHA_REMOTE)
-        self.send_header("ETag", '"%s"' % hashlib.sha1(data).hexdigest())
+        self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if body:
@@ -366,10 +366,10 @@ class _FakeHub(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server naming
+    def do_HEAD(self) -> None:
         self._answer(body=False)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer(body=True)
 
 
@@ -436,7 +436,7 @@ class _NotAHub(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()

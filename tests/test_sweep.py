@@ -18,13 +18,20 @@ from pathlib import Path
 
 import pytest
 from jsonschema import validate
+from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
 from hfcheck.analyzer.report import schema
 from hfcheck.analyzer.sweep.atlas import render_atlas
 from hfcheck.analyzer.sweep.cache import ResultCache
 from hfcheck.analyzer.sweep.run import SweepResult, instance_ok, sweep
-from hfcheck.analyzer.sweep.targets import Target, TargetError, causal_lm_mapping, causal_lm_types, parse_refs, read_ref_file
-from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
+from hfcheck.analyzer.sweep.targets import (
+    Target,
+    TargetError,
+    causal_lm_mapping,
+    causal_lm_types,
+    parse_refs,
+    read_ref_file,
+)
 
 BUNDLED_QWEN = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled" / "Qwen__Qwen3-0.6B"
 
@@ -162,7 +169,9 @@ def test_sweep_types_bundled_ref_and_broken_folders(tmp_path):
 
 
 def test_hanging_and_crashing_workers_do_not_stop_the_sweep(tmp_path):
-    hang, crash = model_folder(tmp_path / "hangs"), model_folder(tmp_path / "crashes")
+    # two configs: identical ones would be analysed once (the crash would share the hang's fate)
+    qwen = json.loads((BUNDLED_QWEN / "config.json").read_text())
+    hang, crash = model_folder(tmp_path / "hangs"), model_folder(tmp_path / "crashes", json.dumps({**qwen, "hidden_act": "gelu"}))
     started = time.monotonic()
     run = run_sweep(
         str(hang), "type:llama", str(crash), "type:qwen3", "--format", "json", "--jobs", "2", "--timeout", "4",
@@ -170,7 +179,7 @@ def test_hanging_and_crashing_workers_do_not_stop_the_sweep(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    assert out[str(hang)] == {"error": "analysis failed: timed out after 4 s (worker killed)"}
+    assert out[str(hang)] == {"error": "analysis failed: timed out after 4 s (worker killed)", "config_hash": out[str(hang)]["config_hash"]}
     assert out[str(crash)]["error"].startswith("analysis failed: worker crashed (SIGABRT): Aborted")
     assert out["llama"]["verdict"] == out["qwen3"]["verdict"] == "native-speed"
     # a hang costs its time limit, not the sweep: 4 worker start-ups (2, then one after the kill

@@ -30,9 +30,9 @@ import pytest
 
 pytest.importorskip("textual", reason="the [tui] extra (textual) is not installed")
 
+from conftest import write_model
 from rich.console import Console
 
-from conftest import write_model
 from hfcheck.analyzer.sweep.targets import Target, parse_refs
 from hfcheck.tui import rows as R
 
@@ -322,8 +322,8 @@ def test_live_scans_sort_filter_detail_export_rescan(offline, models, tmp_path, 
 def test_crash_and_hang_are_rows_and_cancel_stops_the_workers(offline, models, tmp_path, monkeypatch):
     monkeypatch.setenv("HFCHECK_CACHE_DIR", str(tmp_path / "cache"))
     crash, hang = tmp_path / "crashes", tmp_path / "hangs"
-    write_model(crash, "llama", **TINY)
-    write_model(hang, "llama", **TINY)
+    write_model(crash, "llama", **{**TINY, "rms_norm_eps": 1e-5})  # configs of their own: identical ones are analysed once
+    write_model(hang, "llama", **{**TINY, "rms_norm_eps": 2e-5})
     monkeypatch.setenv("HFCHECK_TEST_CRASH", str(crash))
     monkeypatch.setenv("HFCHECK_TEST_HANG", str(hang))
     refs = [str(models / "tiny-llama"), str(crash), str(hang)]

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import write_model
 from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 

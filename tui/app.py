@@ -76,10 +76,11 @@ class Dashboard(App[int]):
         use_cache: bool = True,
         output_dir: str | Path = ".",
         scope: str = "",
+        ray: str | None = None,
     ) -> None:
         super().__init__()
         self.entries: dict[str, R.Entry] = {t.key: R.Entry(t, i) for i, t in enumerate(targets)}
-        self.scanner = Scanner(self._post_scan_event, jobs=jobs, timeout=timeout, use_cache=use_cache)
+        self.scanner = Scanner(self._post_scan_event, jobs=jobs, timeout=timeout, use_cache=use_cache, ray=ray)
         self.output_dir = Path(output_dir)
         self.scope = scope
         self.verdict_filter: str | None = None

@@ -4,7 +4,9 @@ Wired into ``hfcheck.cli`` by ``add_parser(subparsers)`` and ``run(args) -> exit
 runnable alone as ``python -m hfcheck.tui``.
 
 Exit codes: 0 the dashboard ran and was closed, 2 it could not start (no references, an
-unreadable --from file, --author while the Hub cannot be reached): one line on stderr.
+unreadable --from file, --author or --hub-search while the Hub cannot be reached, --ray without
+Ray): one line on stderr. ``--ray [ADDRESS]`` runs the scans on a Ray cluster (the sweep's
+``RayPool``); the dashboard shows them as it shows local ones.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
+
+from hfcheck.analyzer.sweep.cli import add_hub_arguments, add_ray_argument
 
 EXIT_CLEAN, EXIT_ERROR = 0, 2
 DEFAULT_AUTHOR_LIMIT = 100
@@ -34,12 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("refs", nargs="*", metavar="REF", help="Hub id[@revision], local folder, or type:<model_type>")
     p.add_argument("--from", dest="from_file", action="append", default=[], metavar="FILE", help="read references from FILE, one per line (# comments)")
     p.add_argument("--atlas", action="store_true", help="every causal-LM model type of the installed transformers (its default config)")
-    p.add_argument("--author", action="append", default=[], metavar="NAME", help="the Hub's text-generation models of NAME (needs the Hub; most downloaded first)")
-    p.add_argument("--limit", type=int, default=DEFAULT_AUTHOR_LIMIT, metavar="N", help=f"at most N models per --author (default {DEFAULT_AUTHOR_LIMIT})")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the sweep's result cache")
     p.add_argument("--jobs", "-j", type=int, default=None, metavar="N", help="worker processes (default: the CPUs available)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds allowed per model (default 60)")
     p.add_argument("--output-dir", default=".", metavar="DIR", help="where j / m write hfcheck-tui.json / hfcheck-tui.md (default: .)")
+    add_hub_arguments(p, DEFAULT_AUTHOR_LIMIT)
+    add_ray_argument(p)
     return p
 
 
@@ -48,35 +53,23 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
-def author_refs(author: str, limit: int) -> list[str]:
-    """The Hub ids of ``author``'s text-generation models, most downloaded first; TargetError if impossible."""
-    from huggingface_hub import constants, list_models
-    from huggingface_hub.utils import logging as hf_logging
+OFFLINE_HINT = "(references, --from and --atlas work offline)"
 
-    from hfcheck.analyzer.sources._base import first_line
-    from hfcheck.analyzer.sources.hub import is_unreachable, unreachable_why
-    from hfcheck.analyzer.sweep.targets import TargetError
 
-    def unreachable(why: str) -> TargetError:
-        return TargetError(f"--author {author}: the Hub cannot be reached ({why}); listing a Hub author needs it (references, --from and --atlas work offline)")
+def author_refs(author: str, limit: int | None, defaults=None) -> list[str]:
+    """The Hub ids of ``author``'s models (text-generation, most downloaded first, unless
+    ``defaults`` say otherwise); TargetError if impossible."""
+    from hfcheck.analyzer.sweep.hub import HubQuery, list_refs
 
-    if constants.is_offline_mode():
-        raise unreachable("HF_HUB_OFFLINE=1")
-    sys.stderr.write(f"hfcheck tui: listing {author}'s models on the Hub...\n")
-    hf_logging.set_verbosity_error()  # one message from us, not one per retry
-    try:
-        models = list(list_models(author=author, pipeline_tag="text-generation", sort="downloads", limit=limit))
-    except Exception as exc:  # noqa: BLE001 - every failure is one line for the user
-        if is_unreachable(exc):
-            raise unreachable(unreachable_why(exc)) from None
-        raise TargetError(f"--author {author}: cannot list the Hub's models: {type(exc).__name__}: {first_line(exc)}") from None
-    if not models:
-        raise TargetError(f"--author {author}: no text-generation models on the Hub")
-    return [m.id for m in models]
+    query = replace(defaults or HubQuery(), author=author, limit=limit)
+    return list_refs(query, label=f"--author {author}", offline_hint=f"listing a Hub author needs it {OFFLINE_HINT}",
+                     announce=f"hfcheck tui: listing {author}'s models on the Hub...")
 
 
 def targets_from(args: argparse.Namespace):
     """(targets, scope label); TargetError (one line) when there is nothing to show or a source fails."""
+    from hfcheck.analyzer.sweep.cli import hub_defaults
+    from hfcheck.analyzer.sweep.hub import expand
     from hfcheck.analyzer.sweep.targets import (
         TargetError,
         causal_lm_types,
@@ -86,12 +79,18 @@ def targets_from(args: argparse.Namespace):
 
     entries = list(args.refs)
     for path in args.from_file:
-        entries += read_ref_file(path)
+        entries += [path] if path.startswith("hub:") else read_ref_file(path)
     scope = []
     if args.refs or args.from_file:
         scope.append("references")
+    defaults = hub_defaults(args) if (args.author or args.hub_search or any(e.startswith("hub:") for e in entries)) else None
+    if defaults is not None:
+        entries = expand(entries, defaults, offline_hint=f"listing the Hub needs it {OFFLINE_HINT}", announce_as="hfcheck tui")
+    for query in args.hub_search:
+        entries += expand([f"hub:{query}"], defaults, offline_hint=f"a Hub search needs it {OFFLINE_HINT}", announce_as="hfcheck tui")
+        scope.append(f"search {query}")
     for author in args.author:
-        entries += author_refs(author, args.limit)
+        entries += author_refs(author, defaults.limit, defaults)
         scope.append(f"author {author}")
     targets = parse_refs(entries)
     if args.atlas:
@@ -107,14 +106,12 @@ def targets_from(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from hfcheck.analyzer.sweep.cli import pool_args_problem, ray_address
     from hfcheck.analyzer.sweep.targets import TargetError
-
-    from hfcheck.analyzer.sweep.cli import pool_args_problem
 
     if problem := pool_args_problem(args):
         return _fail(problem)
-    if args.limit < 1:
-        return _fail("--limit must be at least 1")
+    address = ray_address(args)
     try:
         import textual  # noqa: F401
     except ImportError:
@@ -125,7 +122,13 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     from hfcheck.tui.app import Dashboard
 
-    app = Dashboard(targets, jobs=args.jobs, timeout=args.timeout, use_cache=not args.no_cache, output_dir=args.output_dir, scope=scope)
+    if address is not None:
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            return _fail("--ray needs Ray: pip install 'hfcheck[ray]'")
+        scope += f" · on Ray ({address or 'default address'})"
+    app = Dashboard(targets, jobs=args.jobs, timeout=args.timeout, use_cache=not args.no_cache, output_dir=args.output_dir, scope=scope, ray=address)
     app.run()
     return EXIT_CLEAN if app.return_code in (None, 0) else int(app.return_code)
 

@@ -153,9 +153,9 @@ def _parallel(report: dict[str, Any]) -> RenderableType:
 def _layer_map(layers: list[dict[str, Any]]) -> RenderableType | None:
     if not layers:
         return None
-    blocking = [l for l in layers if not l.get("attention_interface")]
-    kinds = Counter(l["type"] for l in layers)
-    blocking_kinds = Counter(l["type"] for l in blocking)
+    blocking = [layer for layer in layers if not layer.get("attention_interface")]
+    kinds = Counter(layer["type"] for layer in layers)
+    blocking_kinds = Counter(layer["type"] for layer in blocking)
     title = Text.assemble(("Layer map", "bold"), f"  {len(layers)} layers, ", (f"{len(blocking)} blocking", "bold red" if blocking else "green"), "   ")
     title.append(f"{SERVED} served by vLLM's attention", style="green")
     title.append("   ")
@@ -178,6 +178,6 @@ def _layer_map(layers: list[dict[str, Any]]) -> RenderableType | None:
         kinds_line.append(f"{kind} ×{count}", style="red" if blocking_kinds.get(kind) else "")
     out: list[RenderableType] = [title, grid, kinds_line]
     if blocking:
-        shown = ", ".join(str(l["index"]) for l in blocking[:24]) + (f", … (+{len(blocking) - 24})" if len(blocking) > 24 else "")
+        shown = ", ".join(str(layer["index"]) for layer in blocking[:24]) + (f", … (+{len(blocking) - 24})" if len(blocking) > 24 else "")
         out.append(Text(f"  blocking layers: {shown}", style="red"))
     return Group(*out)

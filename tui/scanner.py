@@ -4,8 +4,9 @@
 runs each with the sweep's own ``run_batch`` (the one way targets are run): targets are
 prepared (Hub look-ups overlap in a thread pool), the sweep's result cache answers what it
 knows, and the rest goes to the sweep's ``WorkerPool`` (child processes, a time limit per
-model, a crash or hang is that model's error). The pool is kept between batches, so a re-scan
-does not pay for starting workers.
+model, a crash or hang is that model's error), or with ``ray`` the sweep's ``RayPool`` (the
+same workers as Ray actors of a cluster: ``hfcheck tui --ray``), which this thread cancels the
+same way. The pool is kept between batches, so a re-scan does not pay for starting workers.
 
 ``cancel()`` drops queued batches, kills the running workers and makes the thread stop at
 once; every target it drops is reported ``cancelled``. Nothing here blocks the caller, and
@@ -127,9 +128,11 @@ def ensure_resource_tracker() -> None:
 
 
 class Scanner:
-    def __init__(self, post: Callable[[Event], None], *, jobs: int | None = None, timeout: float = 60.0, use_cache: bool = True, cache=None) -> None:
+    def __init__(self, post: Callable[[Event], None], *, jobs: int | None = None, timeout: float = 60.0, use_cache: bool = True, cache=None,
+                 ray: str | None = None) -> None:
         self._post = post
         self.jobs = jobs
+        self.ray = ray  # a Ray address ("" for Ray's default): the workers run on that cluster
         self.timeout = timeout
         self.use_cache = use_cache
         self._cache = cache
@@ -137,7 +140,7 @@ class Scanner:
         self._lock = threading.Lock()
         self._generation = 0
         self._cancelled_below = 0  # batches with a generation under this are cancelled
-        self._pool: CancellablePool | None = None
+        self._pool: Any = None  # CancellablePool, or RayPool with ``ray``
         self._thread: threading.Thread | None = None
         self._closed = False
         self.busy = False
@@ -221,12 +224,17 @@ class Scanner:
         if pool is not None:
             pool.close(kill=kill)
 
-    def _get_pool(self) -> CancellablePool:
+    def _get_pool(self):
         from hfcheck.analyzer.sweep.run import default_jobs
 
         with self._lock:
             if self._pool is None:
-                self._pool = CancellablePool(self.jobs or default_jobs(), self.timeout)
+                if self.ray is not None:
+                    from hfcheck.analyzer.sweep.ray_pool import RayPool
+
+                    self._pool = RayPool(self.ray, self.jobs, self.timeout)
+                else:
+                    self._pool = CancellablePool(self.jobs or default_jobs(), self.timeout)
             return self._pool
 
     def _run(self, batch: _Batch) -> None:
@@ -247,7 +255,11 @@ class Scanner:
                 batch.open.discard(key)
                 self._emit(Finished(key, batch.generation, result, cached=event == "cached"))
 
-        pool = self._get_pool()
+        try:
+            pool = self._get_pool()
+        except PoolError as exc:  # --ray without Ray installed
+            self._fail_open(batch, str(exc))
+            return
         pool.cancelled = lambda: self._is_cancelled(batch)
         try:
             run_batch(batch.targets, pool, self._cache, on_progress=on_progress, force=batch.force, stop=lambda: self._is_cancelled(batch))

@@ -242,7 +242,7 @@ def _sharpen(model: nn.Module, seed: int) -> None:
     weight slice, a wrong zero-centering or a wrong expert choice changes the output."""
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for _name, p in model.named_parameters():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn(p.shape, generator=gen))
             elif p.numel() and not p.abs().max().item():
@@ -270,7 +270,7 @@ def build_subject(facts, cfg_obj, seed: int = 0, batch: int = 2, seq: int = 12) 
             try:
                 model = AutoModel.from_config(candidate, dtype=torch.float32).eval()
                 config = model.config
-            except Exception:
+            except Exception:  # noqa: BLE001 - a candidate config that does not build: the structural instance's
                 model, config = inst.model, inst.config
     use_verify_attention(model)
     _sharpen(model, seed)

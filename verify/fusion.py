@@ -35,7 +35,17 @@ from hfcheck.analyzer.fusions.base import Match
 from hfcheck.analyzer.fusions.detect import BY_NAME, fused_forward
 from hfcheck.analyzer.graph.forward_source import RewriteRefused
 from hfcheck.verify import layers as L
-from hfcheck.verify.common import ATTN, TOLERANCE, Proof, Subject, Timer, generic, rel_error, run_model, single_thread
+from hfcheck.verify.common import (
+    ATTN,
+    TOLERANCE,
+    Proof,
+    Subject,
+    Timer,
+    generic,
+    rel_error,
+    run_model,
+    single_thread,
+)
 
 
 @dataclass
@@ -159,8 +169,8 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
             setattr(module, merged_name(site), L.MergedLinear([module.get_submodule(q_a), module.get_submodule(kv_a)]))
             delattr(module, q_a)
             delattr(module, kv_a)
-        nope = getattr(module, "qk_nope_head_dim", None) or getattr(text_config, "qk_nope_head_dim")
-        v_dim = getattr(module, "v_head_dim", None) or getattr(text_config, "v_head_dim")
+        nope = getattr(module, "qk_nope_head_dim", None) or text_config.qk_nope_head_dim
+        v_dim = getattr(module, "v_head_dim", None) or text_config.v_head_dim
         module._hfc_mla = {"kv_b_proj": kv_b, "nope": nope, "v": v_dim}
         _bind(module, forward)
     elif f == "rms_norm":

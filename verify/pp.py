@@ -14,7 +14,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hfcheck.verify.common import Comparator, Proof, Recorder, Subject, Timer, rel_error, run_model, single_thread
+from hfcheck.verify.common import (
+    Comparator,
+    Proof,
+    Recorder,
+    Subject,
+    Timer,
+    rel_error,
+    run_model,
+    single_thread,
+)
 from hfcheck.verify.dist import LaunchError, launch
 from hfcheck.verify.layers import PassThrough
 from hfcheck.verify.tp import crash_result, summarise

@@ -76,7 +76,7 @@ def _verify(analysis, tp_sizes: tuple[int, ...], parallel: bool, seed: int, time
             proofs.append(Proof(f"TP {size}", "tp", "not_applicable", None, 0.0,
                                 f"the tiny instance ({subject.shrink} widths, {subject.num_heads} heads) cannot be split {size} ways"))
         else:
-            proofs.append(_guard(lambda: prove_tp(subject, facts, size, timeout_s=timeout_s), f"TP {size}", "tp"))
+            proofs.append(_guard(lambda size=size: prove_tp(subject, facts, size, timeout_s=timeout_s), f"TP {size}", "tp"))
     pp_supported = bool(obs and (obs.pp_plan or len(obs.decoder_module_lists) == 1))
     if pp_supported:
         proofs.append(_guard(lambda: prove_pp(subject, 2, timeout_s=timeout_s), "PP 2", "pp"))

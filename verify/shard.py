@@ -55,7 +55,7 @@ def predicted_plan(subject: Subject, facts, tp_size: int, sites: list[Site] | No
         if any(rx.fullmatch(p) for p in linears):
             plan[pattern] = style if style in V.TP_STYLES_SHARDED else "replicate"
     for site in sites:
-        at = lambda name: generic(f"{site.path}.{name}" if site.path else name)  # noqa: E731
+        at = lambda name, site=site: generic(f"{site.path}.{name}" if site.path else name)  # noqa: E731
         if site.fusion == "qkv":
             for name, role in zip(site.projections, "qkv"):
                 plan[at(name)] = f"qkv_{role}"

@@ -9,7 +9,17 @@ from typing import Any
 import torch
 
 from hfcheck.verify import layers as L
-from hfcheck.verify.common import TOLERANCE, Comparator, Proof, Recorder, Subject, Timer, rel_error, run_model, single_thread
+from hfcheck.verify.common import (
+    TOLERANCE,
+    Comparator,
+    Proof,
+    Recorder,
+    Subject,
+    Timer,
+    rel_error,
+    run_model,
+    single_thread,
+)
 from hfcheck.verify.dist import LaunchError, launch
 from hfcheck.verify.fusion import Site, find_sites, fusion_context
 from hfcheck.verify.shard import PlanError, predicted_plan, shard

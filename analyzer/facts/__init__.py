@@ -83,7 +83,7 @@ def first_of(source: Any, names: tuple[str, ...], default: Any = None) -> Any:
         else:
             try:
                 value = getattr(source, name, None)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a property that raises on an incomplete config
                 value = _largest_per_layer(source, name)
         if value is not None:
             return value
@@ -94,7 +94,7 @@ def _largest_per_layer(config: Any, name: str) -> Any:
     try:
         layers = getattr(config, "per_layer_config", None)
         values = [getattr(layer, name, None) for layer in (layers or [])]
-    except Exception:
+    except Exception:  # noqa: BLE001 - a property that raises on an incomplete config
         return None
     numbers = [v for v in values if isinstance(v, (int, float))]
     return max(numbers) if numbers else None
@@ -110,12 +110,12 @@ def vllm_has_native(architectures: list[str]) -> tuple[bool | None, str]:
     """Whether vLLM's registry has a native class: from the installed vLLM when it
     imports, else from the table generated from vLLM's registry."""
     try:  # pragma: no cover - exercised only where vLLM is installed
-        import vllm  # noqa: F401
+        import vllm
         from vllm.model_executor.models import registry
 
         native = set(registry._VLLM_MODELS) - set(registry._TRANSFORMERS_SUPPORTED_MODELS) - set(registry._TRANSFORMERS_BACKEND_MODELS)
         version = f"{vllm.__version__} (installed)"
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable vLLM installed: the bundled registry table
         table = vllm_architecture_table()
         native, version = set(table["native"]), str(table["vllm_version"])
     if not architectures:
@@ -140,7 +140,7 @@ def transformers_config(config: dict[str, Any]):
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
     try:
         return AutoConfig.for_model(model_type, **kwargs)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - transformers' own default that does not build: one line of reason
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         reason = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
         raise FactsError(f"config.json is not a valid {model_type} config: {reason[:240]}") from None

@@ -128,7 +128,7 @@ def num_layers(config: Mapping[str, Any] | PretrainedConfig) -> int | None:
 def _safe_getattr(obj: Any, name: str) -> Any:
     try:
         return getattr(obj, name, None)
-    except Exception:  # a property that raises on an incomplete config
+    except Exception:  # noqa: BLE001 - a property that raises on an incomplete config
         return None
 
 
@@ -174,7 +174,7 @@ def _model_type(cfg: Mapping[str, Any]) -> str:
 
 def _get(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
     """`cfg[key]` where present (an explicit None stays None), else `default`."""
-    return cfg[key] if key in cfg else default
+    return cfg.get(key, default)
 
 
 def _int(cfg: Mapping[str, Any], key: str, default: int) -> int:
@@ -197,18 +197,18 @@ def _count(cfg: Mapping[str, Any], model_type: str) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _transformers_config_class(model_type: str) -> Any:
     """transformers' config class for `model_type`, or None (never instantiated)."""
     if not model_type:
         return None
     try:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    except Exception:  # pragma: no cover - transformers is a dependency
+    except Exception:  # noqa: BLE001  # pragma: no cover - transformers is a dependency
         return None
     try:
         return CONFIG_MAPPING[model_type]
-    except Exception:
+    except Exception:  # noqa: BLE001 - an unknown model type
         return None
 
 

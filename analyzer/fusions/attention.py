@@ -8,10 +8,11 @@ and its ``layer_idx`` (an int) says which decoder layer it serves.
 
 from __future__ import annotations
 
+from torch import nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph.forward_source import attention_dispatch, resolve_expression
 from hfcheck.analyzer.graph.tracer import Trace
-from torch import nn
 
 
 class Attention(Pattern):

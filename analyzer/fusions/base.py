@@ -15,9 +15,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from torch import nn
+
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.tracer import Trace
-from torch import nn
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from torch import nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.registry import PATTERNS
 from hfcheck.analyzer.fusions.rms_norm import RMSNorm
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.forward_source import RewriteRefused
 from hfcheck.analyzer.graph.tracer import Trace, trace_module
-from torch import nn
 
 
 @dataclass

@@ -9,13 +9,14 @@ from __future__ import annotations
 import ast
 import operator
 
+from torch import fx, nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.merged_column import MergedColumn
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import find, is_linear, peel
 from hfcheck.analyzer.graph.tracer import Trace
 from hfcheck.analyzer.vocabulary import ACT_AND_MUL_KERNELS
-from torch import fx, nn
 
 
 def act_and_mul_name(act: nn.Module) -> str | None:
@@ -58,7 +59,7 @@ class GLU(Pattern):
                 continue
             gate = act.args[0]
             if len(gate.args) == 1 and len(up.args) == 1 and isinstance(gate.args[0], fx.Node) and gate.args[0] is up.args[0]:
-                down = find(trace.graph, lambda n: is_linear(n, module) and peel(n.args[0]) is mul)
+                down = find(trace.graph, lambda n, mul=mul: is_linear(n, module) and peel(n.args[0]) is mul)
                 return Match(
                     cls.name,
                     (str(gate.target), str(up.target)),

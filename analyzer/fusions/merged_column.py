@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ast
 
+from torch import nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.fusions.qkv import linears_by_input
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.tracer import Trace
-from torch import nn
 
 
 class MergedColumn(Pattern):

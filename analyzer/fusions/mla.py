@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 
+from torch import fx, nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import (
@@ -17,7 +19,6 @@ from hfcheck.analyzer.graph.nodes import (
     upstream_linear,
 )
 from hfcheck.analyzer.graph.tracer import Trace
-from torch import fx, nn
 
 
 def _reads_input(node: fx.Node) -> bool:

@@ -17,9 +17,10 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
+from torch import fx, nn
+
 from hfcheck.analyzer.graph.nodes import find, is_op, output_value, peel, reaches
 from hfcheck.analyzer.graph.tracer import trace_module
-from torch import fx, nn
 
 EXPERTS_NAME = "experts"
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ast
 
+from torch import fx, nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import is_method, returned_linear, upstream_linear
 from hfcheck.analyzer.graph.tracer import Trace
-from torch import fx, nn
 
 
 def _split_sizes(node: fx.Node) -> tuple[int, int] | None:

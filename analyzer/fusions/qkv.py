@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 
+from torch import fx, nn
+
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import (
@@ -13,7 +15,6 @@ from hfcheck.analyzer.graph.nodes import (
     returned_linear,
 )
 from hfcheck.analyzer.graph.tracer import Trace
-from torch import fx, nn
 
 
 def linears_by_input(graph: fx.Graph, module: nn.Module) -> dict[fx.Node, list[fx.Node]]:

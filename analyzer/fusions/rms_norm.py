@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import inspect
 
+from torch import fx, nn
+
 from hfcheck.analyzer.fusions.base import Match, Pattern
 from hfcheck.analyzer.graph.nodes import find, is_op, operand, output_value, peel
 from hfcheck.analyzer.graph.tracer import Trace, forward_parameters
-from torch import fx, nn
 
 _FIXED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 

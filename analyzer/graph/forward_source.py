@@ -24,7 +24,7 @@ import inspect
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from torch import nn
 
@@ -38,7 +38,7 @@ class RewriteRefused(ValueError):
     """The forward's source does not admit the rewrite vLLM would make (vLLM skips the fusion)."""
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parsed(fn) -> ast.FunctionDef:
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     funcdef = tree.body[0]
@@ -478,7 +478,7 @@ class InterfaceDispatch:
     line: int | None
 
 
-@lru_cache(maxsize=None)
+@cache
 def attention_dispatch(forward) -> InterfaceDispatch | None:
     """Read the interface call from source, both idioms (``[impl]`` and ``get_interface``), with
     the readings the remote-code checks use (``analyzer/remote/ast_helpers.py``)."""

@@ -75,7 +75,7 @@ def _decoder(model: nn.Module) -> nn.Module:
         decoder = model.get_decoder()
         if isinstance(decoder, nn.Module):
             return decoder
-    except Exception:
+    except Exception:  # noqa: BLE001, S110 - no usable get_decoder: the model is its own decoder
         pass
     return model
 

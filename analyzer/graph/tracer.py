@@ -245,7 +245,7 @@ def trace_module(module: nn.Module) -> Trace:
         with _opaque_attention_interfaces(), patch:
             graph = tracer.trace(module, concrete_args=concrete)
         return Trace(graph, complete=True)
-    except Exception as exc:  # any failure is a fact about the class, not a crash
+    except Exception as exc:  # noqa: BLE001 - any failure is a fact about the class, not a crash
         graph = getattr(tracer, "graph", None)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip(": ")
         return Trace(graph, complete=False, error=reason[:300])

@@ -207,7 +207,7 @@ def build_structural(facts: ModelFacts, cfg_obj: Any) -> TinyInstance:
     for cut, attn, how, problem in plans:
         try:
             instance = attempt(cut, attn, how)
-        except Exception as exc:  # every failure of a third-party constructor is a fact
+        except Exception as exc:  # noqa: BLE001 - every failure of a third-party constructor is a fact
             first = first or exc
             continue
         if problem is not None:
@@ -302,10 +302,63 @@ def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int =
         try:
             with torch.device(device):
                 model = AutoModel.from_config(config, dtype=torch.float32)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the next device is tried; the last error is reported
             last = exc
             continue
         built = text_config_of(model.config)
         kinds = list(getattr(built, "layer_types", None) or facts.layer_types[:n])
         return TinyInstance(model.eval(), model.config, n, kinds[:n], shrink)
     raise InstanceError(f"{type(last).__name__}: {str(last).splitlines()[0][:240] if str(last) else ''}")
+
+
+@dataclass
+class CheckpointNames:
+    """How vLLM's weight loader meets the checkpoint of the ``architectures`` class.
+
+    vLLM's transformers backend builds only the base model (``AutoModel``) and its own
+    ``lm_head``; every checkpoint name is mapped onto that pair. ``outside``: parameters of the
+    class that live in neither (a head such as BERT's ``cls.predictions``), which the loader
+    has no module for. ``dropped``: base-model parameters whose checkpoint name matches one of
+    the base model's ``_keys_to_ignore_on_load_unexpected`` patterns, which vLLM applies with
+    ``re.search`` to every name and so discards (GPT-2's ``attn.bias`` also matches
+    ``attn.c_attn.bias``), leaving them uninitialised."""
+
+    architecture: str
+    outside: list[str]
+    dropped: list[str]
+
+
+def checkpoint_names(facts: ModelFacts, cfg_obj: Any, cls: type | None, base: nn.Module | None) -> CheckpointNames | None:
+    """Read the causal-LM class's parameter names against its base model, on the meta
+    device at the structural layer cut; None where vLLM's causal-LM wrapper does not apply
+    (no transformers class, a composite or non-causal class) or the class does not build."""
+    import re
+
+    if cls is None or base is None or cfg_obj is None or not cls.__name__.endswith(("ForCausalLM", "LMHeadModel")):
+        return None
+    config = copy.deepcopy(cfg_obj)
+    text = text_config_of(config)
+    if text is not config:
+        return None  # composite configs go through vLLM's multimodal wrapper and its own mapper
+    try:
+        _cut_layers(text, structural_prefix(facts, text))
+        _cut_experts(text, facts)
+        _cut_extras(text)
+        text._attn_implementation = "eager"
+        with torch.device("meta"):
+            model = cls._from_config(config)
+    except Exception:  # noqa: BLE001 - a class that does not build is read elsewhere (HFC104)
+        return None
+    prefix = getattr(model, "base_model_prefix", "") or "model"
+    base_ids = {id(p) for p in getattr(model, prefix, model).parameters()} if hasattr(model, prefix) else set()
+    outside = sorted(
+        name for name, p in model.named_parameters(remove_duplicate=False)
+        if not name.startswith((f"{prefix}.", "lm_head.")) and id(p) not in base_ids
+    )
+    patterns = [re.compile(p) for p in getattr(base, "_keys_to_ignore_on_load_unexpected", None) or []]
+    outside = [n for n in outside if not any(p.search(n) for p in patterns)]
+    dropped = sorted(
+        f"{prefix}.{name}" for name, _ in base.named_parameters()
+        if any(p.search(f"{prefix}.{name}") for p in patterns)
+    )
+    return CheckpointNames(cls.__name__, outside, dropped)

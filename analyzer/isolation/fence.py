@@ -113,7 +113,7 @@ def limit_resources(cpu_seconds: float, max_file_bytes: int = 512 * 1024 * 1024)
         if hard == resource.RLIM_INFINITY or hard > limit:
             resource.setrlimit(resource.RLIMIT_CPU, (limit, limit if hard == resource.RLIM_INFINITY else hard))
         resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-    except Exception:  # noqa: BLE001 - limits are best effort (not every platform has them)
+    except Exception:  # noqa: BLE001, S110 - limits are best effort (not every platform has them)
         pass
 
 

@@ -141,7 +141,7 @@ def _import_utils_names():
     code; the remote files are never imported)."""
     try:
         from transformers.utils import import_utils
-    except Exception:  # pragma: no cover - transformers is a dependency
+    except Exception:  # noqa: BLE001  # pragma: no cover - transformers is a dependency
         return lambda name: False
     return lambda name: bool(name) and hasattr(import_utils, name)
 

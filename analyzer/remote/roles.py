@@ -96,7 +96,7 @@ def find_roles(index: CodeIndex, config: dict[str, Any]) -> Roles:
                         if attr in ATTENTION_ATTRS or _ATTENTION_NAME.search(cls.name):
                             attention.setdefault(cls.name, (cls, attr))
     # a wrapper (norm -> attention -> norm) that does not dispatch itself: look one level in
-    for name, (cls, attr) in list(attention.items()):
+    for name, (cls, _attr) in list(attention.items()):
         found = index.method(cls, "forward")
         if found is None or dispatch_names(found[1]):
             continue

@@ -140,7 +140,7 @@ def _read_result(path: Path) -> dict | str | None:
         return f"the sandbox result is too large ({size} bytes)"
     try:
         payload = _ResultUnpickler(io.BytesIO(path.read_bytes())).load()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure refuses the result
         return f"the sandbox result was refused ({type(exc).__name__}: {str(exc)[:200]})"
     return payload if isinstance(payload, dict) else "the sandbox result is not a dict"
 
@@ -274,15 +274,16 @@ def rebuild(entries: list) -> Any:
 
 
 def _instance_from(payload: dict):
-    from hfcheck.analyzer.instance import TinyInstance
     from transformers import PretrainedConfig
+
+    from hfcheck.analyzer.instance import TinyInstance
 
     model = rebuild(payload.get("skeleton"))
     config_dict = payload.get("config") if isinstance(payload.get("config"), dict) else {}
     config_dict = {k: v for k, v in config_dict.items() if isinstance(k, str) and k not in ("auto_map", "text_config")}
     try:
         config = PretrainedConfig(**config_dict)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a config PretrainedConfig refuses: an empty one
         config = PretrainedConfig()
     kept = payload.get("kept_layers")
     kinds = payload.get("layer_types")
@@ -310,13 +311,14 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
+        from transformers import AutoConfig, AutoModel
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
         from hfcheck.analyzer.analysis import fusion_context
         from hfcheck.analyzer.facts import collect_facts
         from hfcheck.analyzer.graph.observe import observe
         from hfcheck.analyzer.instance import build_structural
         from hfcheck.analyzer.rules.resolution import source_gate
-        from transformers import AutoConfig, AutoModel
-        from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
         fence.strict = True  # from here on, remote code may run
         model_dir = str(root / "model")

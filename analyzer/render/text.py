@@ -66,9 +66,9 @@ def render_text(report: dict[str, Any], console: Console, verbose: bool = False)
     plan = par["tp"]["plan"]
     plan_text = f"{plan['source']} ({len(plan['entries'])} entries)" if plan else "none"
     console.print(f"TP plan: {plan_text}", markup=False)
-    blocking = [l for l in report["layers"] if not l["attention_interface"]]
+    blocking = [layer for layer in report["layers"] if not layer["attention_interface"]]
     if blocking:
-        console.print(f"Layers vLLM cannot serve: {', '.join(str(l['index']) + ' (' + l['type'] + ')' for l in blocking[:12])}" + (" ..." if len(blocking) > 12 else ""), markup=False)
+        console.print(f"Layers vLLM cannot serve: {', '.join(str(layer['index']) + ' (' + layer['type'] + ')' for layer in blocking[:12])}" + (" ..." if len(blocking) > 12 else ""), markup=False)
     mem = report["memory"]
     if mem:
         console.print(f"Memory: weights {mem['weights_gib']:.1f} GiB, KV cache {mem['kv_cache_gib_per_sequence']:.1f} GiB per {mem['context']}-token sequence (assuming {mem['assumed_gpu_gib']} GiB GPUs)", markup=False)

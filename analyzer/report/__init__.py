@@ -15,10 +15,15 @@ from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.analysis import Analysis
 from hfcheck.analyzer.remote import code_findings
 from hfcheck.analyzer.report.memory import estimate, suggested_parallelism
-from hfcheck.analyzer.verdict import score_of, verdict_of
 from hfcheck.analyzer.rules.base import Finding
-from hfcheck.analyzer.rules.parallel import ANY_BACKEND, inferred_plan, refusal_scope, tp_constraints
+from hfcheck.analyzer.rules.parallel import (
+    ANY_BACKEND,
+    inferred_plan,
+    refusal_scope,
+    tp_constraints,
+)
 from hfcheck.analyzer.rules.registry import RULES
+from hfcheck.analyzer.verdict import score_of, verdict_of
 
 SCHEMA_VERSION = "1.1"
 """1.1: ``serve`` (which implementation the serve command uses, and why) and
@@ -34,7 +39,7 @@ def run_rules(analysis: Analysis) -> list[Finding]:
     for rule in RULES:
         try:
             findings.extend(rule().check(analysis))
-        except Exception as exc:  # a rule bug is a recorded fact, never a crash of the scan
+        except Exception as exc:  # noqa: BLE001 - a rule bug is a recorded fact, never a crash of the scan
             findings.append(Finding(rule.code, "inconclusive", f"check crashed: {type(exc).__name__}: {exc}", None, rule.impact))
     return findings
 

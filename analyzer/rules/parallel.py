@@ -18,7 +18,7 @@ def inferred_plan(obs) -> dict[str, str]:
             if fusion in ("qkv", "packed_qkv", "glu", "merged_column", "mla"):
                 for p in projections:
                     plan[_generic(f"{m.path}.{p}")] = "colwise"
-        for fusion, row in m.row_parallel.items():
+        for row in m.row_parallel.values():
             plan[_generic(f"{m.path}.{row}")] = "rowwise"
     return plan
 

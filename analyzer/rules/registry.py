@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer.rules.attention import AttentionArguments, AttentionCoverage, EncoderModels, UnmanagedStateSpace
+from hfcheck.analyzer.rules.attention import (
+    AttentionArguments,
+    AttentionCoverage,
+    EncoderModels,
+    UnmanagedStateSpace,
+)
 from hfcheck.analyzer.rules.base import Rule
 from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
+from hfcheck.analyzer.rules.loading import CheckpointLoads
 from hfcheck.analyzer.rules.moe import ExpertParallel, ExpertsReplaceable, InternalRouting
-from hfcheck.analyzer.rules.parallel import PipelineParallel, TensorParallelPlan, TensorParallelSizes
+from hfcheck.analyzer.rules.parallel import (
+    PipelineParallel,
+    TensorParallelPlan,
+    TensorParallelSizes,
+)
 from hfcheck.analyzer.rules.quantization import Quantization
 from hfcheck.analyzer.rules.remote_code import REMOTE_CODE_RULES
-from hfcheck.analyzer.rules.resolution import ClassResolution, CompatibilityGate, InstanceBuilt, NativeImplementation
+from hfcheck.analyzer.rules.resolution import (
+    ClassResolution,
+    CompatibilityGate,
+    InstanceBuilt,
+    NativeImplementation,
+)
 
 RULES: tuple[type[Rule], ...] = (
     ClassResolution,
     CompatibilityGate,
     NativeImplementation,
     InstanceBuilt,
+    CheckpointLoads,
     AttentionCoverage,
     UnmanagedStateSpace,
     AttentionArguments,

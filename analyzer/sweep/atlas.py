@@ -12,7 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.sweep.run import FAILED, SweepResult, failure_reason, instance_error, instance_ok
+from hfcheck.analyzer.sweep.run import (
+    FAILED,
+    SweepResult,
+    failure_reason,
+    instance_error,
+    instance_ok,
+)
 
 VERDICTS = ("native-speed", "runs", "blocked", "inconclusive")
 

@@ -123,11 +123,37 @@ def result_key(source) -> str:
     return _digest([CACHE_FORMAT, key_parts(source)])
 
 
+NOT_ANALYSED = ("_name_or_path", "transformers_version")
+"""config.json / generation_config.json fields no analysis reads (who saved it, with which
+transformers): left out of the config hash, so fine-tunes that differ only there share one."""
+
+
+def config_hash(source) -> str:
+    """What the analysis of a model depends on, and nothing else: its config.json and generation
+    config (less ``NOT_ANALYSED``), its remote code and what of it could not be fetched. Not
+    where it came from: ten thousand fine-tunes of one base that kept its config have one hash."""
+    config = {k: v for k, v in source.config.items() if k not in NOT_ANALYSED}
+    generation = {k: v for k, v in source.generation_config.items() if k not in NOT_ANALYSED} if source.generation_config else None
+    return _digest({"config": config, "generation_config": generation, "remote": sorted(source.code_files.items()), "missing": list(source.missing_code)})
+
+
+def content_key(chash: str) -> str:
+    """The key of an analysis of a config hash under this hfcheck, transformers and vLLM: two
+    sources with the same one get the same report, but for the model's name (``run.restamp``)."""
+    v = versions()
+    return _digest([CACHE_FORMAT, "content", chash, analyzer_code_hash(), v["transformers"], v["hfcheck"], v["vllm"]])
+
+
 class ResultCache:
-    """get/put of sweep results; ``enabled=False`` (``--no-cache``) reads and writes nothing."""
+    """get/put of sweep results; ``enabled=False`` (``--no-cache``) reads and writes nothing.
+
+    Beside the results (one file per result key), ``sweep-configs/`` maps a ``content_key`` to
+    the result key of the one model analysed with that config, and the reference its serve
+    command names: a model with the same config hash is answered from that result, renamed."""
 
     def __init__(self, root: Path | None = None, enabled: bool = True) -> None:
         self.root = (root or cache_dir()) / "sweep"
+        self.configs = self.root.parent / "sweep-configs"
         self.enabled = enabled
 
     def path(self, key: str) -> Path:
@@ -145,20 +171,41 @@ class ResultCache:
         return entry["result"]
 
     def put(self, key: str, result: dict[str, Any], parts: dict[str, Any] | None = None) -> None:
+        if self.enabled:
+            _write_json(self.path(key), {"format": CACHE_FORMAT, "key_parts": parts, "result": result})
+
+    def same_config(self, ckey: str) -> tuple[dict[str, Any], str] | None:
+        """(the result of the model analysed with this ``content_key``, the reference its serve
+        command names), or None."""
         if not self.enabled:
-            return
-        path = self.path(key)
+            return None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"format": CACHE_FORMAT, "key_parts": parts, "result": result}, f)
-            os.replace(tmp, path)
-        except OSError:  # a read-only or full cache dir costs speed, never results
-            try:
-                os.unlink(tmp)  # type: ignore[possibly-undefined]
-            except (OSError, UnboundLocalError):
-                pass
+            entry = json.loads((self.configs / ckey[:2] / f"{ckey}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT or not isinstance(entry.get("key"), str):
+            return None
+        result = self.get(entry["key"])
+        return (result, str(entry.get("serve_ref") or "")) if result is not None else None
+
+    def put_same_config(self, ckey: str, key: str, serve_ref: str) -> None:
+        if self.enabled:
+            _write_json(self.configs / ckey[:2] / f"{ckey}.json", {"format": CACHE_FORMAT, "key": key, "serve_ref": serve_ref})
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Atomically (temp file + rename); a read-only or full cache dir costs speed, never results."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 INDEX_FORMAT = 1

@@ -3,19 +3,33 @@
 ``run_batch()`` runs one batch of targets on a worker pool: the sweep (``sweep()``, the CLI)
 and the dashboard's scanner both run targets through it. A target that cannot even be prepared
 (a reference that does not resolve, a default config that does not build) is a failure
-recorded here; everything else goes to the pool, unless the cache has its result.
+recorded here; everything else goes to the pool, unless the cache has its result, or another
+target of the batch (or of an earlier sweep) has the same config hash (``cache.config_hash``):
+then that one analysis answers both, with the model's own name (``restamp``).
+
+The pool is the sweep's ``WorkerPool`` (processes on this machine) or, with ``ray``, a
+``ray_pool.RayPool`` (the same worker, in Ray actors on a cluster); ``run_batch`` cannot tell.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfcheck.analyzer.sweep.cache import ResultCache, TypeIndex, key_parts, result_key
+from hfcheck.analyzer.sweep.cache import (
+    ResultCache,
+    TypeIndex,
+    config_hash,
+    content_key,
+    key_parts,
+    result_key,
+)
 from hfcheck.analyzer.sweep.targets import (
     DefaultConfigError,
     Target,
@@ -71,6 +85,7 @@ class SweepResult:
     results: dict[str, Result] = field(default_factory=dict)  # only finished targets
     from_cache: int = 0
     analysed: int = 0
+    deduplicated: int = 0  # answered by the analysis of another target with the same config hash
     workers_started: int = 0
     interrupted: bool = False
     seconds: float = 0.0
@@ -79,11 +94,21 @@ class SweepResult:
         return [(t, self.results[t.key]) for t in self.targets if t.key in self.results]
 
     def to_json(self) -> dict[str, Any]:
-        """``{key: scan report | {"error": "analysis failed: ..."}}`` in the targets' order."""
+        """``{key: scan report | {"error": "analysis failed: ..."}}`` in the targets' order, each
+        with the model's ``config_hash`` when its config was read."""
         out: dict[str, Any] = {}
         for target, result in self.ordered():
-            out[target.key] = result["report"] if "report" in result else {"error": failure_reason(result)}
+            value = result["report"] if "report" in result else {"error": failure_reason(result)}
+            if result.get("config_hash"):
+                value = {**value, "config_hash": result["config_hash"]}
+            out[target.key] = value
         return out
+
+    @property
+    def distinct_configs(self) -> int:
+        """How many different config hashes the finished targets have (those without one count once each)."""
+        hashes = [r.get("config_hash") or f"-{k}" for k, r in self.results.items()]
+        return len(set(hashes))
 
     @property
     def failed(self) -> list[tuple[Target, str]]:
@@ -110,6 +135,38 @@ class Stopped(Exception):
 class BatchCounts:
     from_cache: int = 0
     analysed: int = 0  # results that came back from the pool (timeouts and crashes included)
+    deduplicated: int = 0  # answered by the pool's result for another target with the same config hash
+
+
+def serve_ref(source) -> str:
+    """The reference a report's serve command names (``report.serve_command``'s choice)."""
+    return source.repo_id or source.location or source.ref
+
+
+def restamp(result: Result, source, origin_ref: str) -> Result:
+    """``result`` (of a model with the same config hash) as the analysis of ``source`` reads: the
+    report's model reference, source kind, note, revision and serve command are this model's.
+    Nothing else of a report depends on where the config came from (``cache.config_hash``)."""
+    out = dict(result)
+    report = out.get("report")
+    if isinstance(report, dict):
+        report = dict(report)
+        report["model"] = {**(report.get("model") or {}), "ref": source.ref, "source": source.kind, "source_note": source.note, "revision": source.revision}
+        command, head = report.get("serve_command"), f"vllm serve {origin_ref}"
+        if isinstance(command, str) and (command == head or command.startswith(head + " ")):
+            report["serve_command"] = f"vllm serve {serve_ref(source)}{command[len(head):]}"
+        out["report"] = report
+    out["config_hash"] = config_hash(source)
+    return out
+
+
+@dataclass
+class _SameConfig:
+    """The targets of a batch that share one config hash: the first is analysed, the rest wait."""
+
+    origin_ref: str  # serve_ref of the analysed one
+    result: Result | None = None
+    followers: list[tuple[str, Any]] = field(default_factory=list)  # (target key, source)
 
 
 def causal_lm_targets(cache: ResultCache | None = None) -> list[Target]:
@@ -150,7 +207,12 @@ def run_batch(
     stopped = stop or (lambda: False)
     counts = counts if counts is not None else BatchCounts()
     index = TypeIndex(cache)
-    cache_keys: dict[str, tuple[str, dict]] = {}
+    cache_keys: dict[str, tuple[str, dict, str, str]] = {}  # target key -> (result key, key parts, content key, origin ref)
+    same: dict[str, _SameConfig] = {}  # content key -> the batch's targets with that config
+
+    def follow(key: str, source, group: _SameConfig) -> None:
+        counts.deduplicated += 1
+        on_progress("done", key, restamp(group.result, source, group.origin_ref))
 
     def tasks():
         refs = [t for t in targets if not t.is_type]
@@ -184,13 +246,30 @@ def run_batch(
                     continue
                 if target.is_type:
                     index.remember(target.model_type, key=key)
+                chash = config_hash(source)
                 if not force:
                     hit = cache.get(key)
                     if hit is not None:
                         counts.from_cache += 1
+                        hit.setdefault("config_hash", chash)
                         on_progress("cached", target.key, hit)
                         continue
-                cache_keys[target.key] = (key, key_parts(source))
+                ckey = content_key(chash)
+                group = same.get(ckey)
+                if group is not None:  # a config this batch already analyses: one analysis answers both
+                    if group.result is None:
+                        group.followers.append((target.key, source))
+                    else:
+                        follow(target.key, source, group)
+                    continue
+                earlier = cache.same_config(ckey) if not force else None
+                if earlier is not None:  # analysed in an earlier sweep under another name
+                    same[ckey] = _SameConfig(earlier[1], earlier[0])
+                    counts.from_cache += 1
+                    on_progress("cached", target.key, restamp(earlier[0], source, earlier[1]))
+                    continue
+                same[ckey] = _SameConfig(serve_ref(source))
+                cache_keys[target.key] = (key, key_parts(source), ckey, chash)
                 yield target.key, source, target.is_type
         finally:
             io.shutdown(wait=False, cancel_futures=True)
@@ -200,9 +279,20 @@ def run_batch(
         if stopped():
             return  # a worker killed by the caller's stop is not this model's failure
         counts.analysed += 1
-        if key in cache_keys and cacheable:
-            cache.put(cache_keys[key][0], res, cache_keys[key][1])
+        group = None
+        if key in cache_keys:
+            result_key_, parts, ckey, chash = cache_keys[key]
+            res["config_hash"] = chash
+            group = same.get(ckey)
+            if cacheable:
+                cache.put(result_key_, res, parts)
+                cache.put_same_config(ckey, result_key_, group.origin_ref if group else "")
         on_progress("done", key, res)
+        if group is not None:  # a timeout or crash too: the same config would meet the same fate
+            group.result = res
+            followers, group.followers = group.followers, []
+            for other, source in followers:
+                follow(other, source, group)
 
     work = tasks()
     try:
@@ -220,8 +310,13 @@ def sweep(
     use_cache: bool = True,
     cache: ResultCache | None = None,
     on_progress: Progress | None = None,
+    ray: str | None = None,
 ) -> SweepResult:
-    """Analyse every target; Ctrl-C (KeyboardInterrupt) returns the partial result, ``interrupted=True``."""
+    """Analyse every target; Ctrl-C (KeyboardInterrupt) returns the partial result, ``interrupted=True``.
+
+    ``ray``: run the workers as Ray actors of the cluster at that address (``""``: Ray's own
+    default, ``$RAY_ADDRESS`` or a local instance); ``jobs`` then defaults to the cluster's CPUs.
+    Without it, Ray is not imported."""
     started = time.perf_counter()
     cache = cache or ResultCache(enabled=use_cache)
     result = SweepResult(list(targets))
@@ -233,7 +328,22 @@ def sweep(
             result.results[key] = res
         notify(event, key, res)
 
-    pool = WorkerPool(jobs or default_jobs(), timeout)
+    quiet = contextlib.nullcontext()
+    if ray is not None:
+        from hfcheck.analyzer.sweep.ray_pool import RayPool
+
+        pool: Any = RayPool(ray, jobs, timeout)
+        # Ray prints the cluster's error messages (a worker that died...) on stdout, where the
+        # sweep writes its JSON: while connected, stdout is stderr (the sweep's rows say it all)
+        quiet = contextlib.redirect_stdout(sys.stderr)
+    else:
+        pool = WorkerPool(jobs or default_jobs(), timeout)
+    with quiet:
+        _run(result, pool, cache, progress, counts, started)
+    return result
+
+
+def _run(result: SweepResult, pool: Any, cache: ResultCache, progress: Progress, counts: BatchCounts, started: float) -> None:
     try:
         run_batch(result.targets, pool, cache, on_progress=progress, counts=counts)
     except KeyboardInterrupt:
@@ -245,7 +355,6 @@ def sweep(
     else:
         pool.close()
     finally:
-        result.from_cache, result.analysed = counts.from_cache, counts.analysed
+        result.from_cache, result.analysed, result.deduplicated = counts.from_cache, counts.analysed, counts.deduplicated
         result.workers_started = pool.started_workers
         result.seconds = time.perf_counter() - started
-    return result

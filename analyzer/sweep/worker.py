@@ -101,7 +101,7 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
         from hfcheck.analyzer.sweep.targets import type_source
 
         build_report(analyse(type_source("llama")))
-    except Exception:  # noqa: BLE001 - a warm-up that fails only costs the first task some time
+    except Exception:  # noqa: BLE001, S110 - a warm-up that fails only costs the first task some time
         pass
     conn.send(("ready", os.getpid()))
     while True:

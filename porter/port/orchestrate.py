@@ -255,7 +255,11 @@ def position_bias(reference, source) -> dict[str, Any] | None:
 
 
 def _port_by_retarget(result: PortResult, outcome, reference, source, out_dir: Path, *, shard_bytes: int | None, prove: bool) -> None:
-    from hfcheck.porter.port.retarget_path import extra_checks, full_native_config, write_native_folder
+    from hfcheck.porter.port.retarget_path import (
+        extra_checks,
+        full_native_config,
+        write_native_folder,
+    )
     from hfcheck.porter.port.served import how_served
     from hfcheck.porter.retarget.anatomy import AnatomyError
 

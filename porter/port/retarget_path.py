@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.porter.reference.establish import Reference
-from hfcheck.porter.retarget.search import Found, SearchResult, build_native, compare, identity_plan, search
+from hfcheck.porter.retarget.search import (
+    Found,
+    SearchResult,
+    build_native,
+    compare,
+    identity_plan,
+    search,
+)
 
 MODEL_CODE_PREFIXES = ("modeling_", "modelling_", "configuration_")
 

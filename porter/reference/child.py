@@ -61,7 +61,7 @@ def _scalars(module) -> dict:
     for key, value in vars(module).items():
         if key.startswith("_") or key == "training":
             continue
-        if isinstance(value, bool) or isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        if isinstance(value, bool) or (isinstance(value, (int, float, str)) and not isinstance(value, bool)):
             if isinstance(value, str) and len(value) > 80:
                 continue
             if isinstance(value, float) and not math.isfinite(value):
@@ -227,7 +227,7 @@ def _tracer(package_dir: str, lines: dict):
     return global_
 
 
-def main() -> None:  # noqa: C901 - one linear script, stage by stage
+def main() -> None:
     root = os.path.realpath(sys.argv[-1])
     with open(os.path.join(root, "job.json"), encoding="utf-8") as f:
         job = json.load(f)

@@ -32,7 +32,7 @@ def write_sample(src: Path, dst: Path, *, head_dim: int = 32, layers: int = 2, d
         raise RuntimeError(f"the original does not run: {reference.run.error}")
     params = {f"{m['name']}.{p}" if m["name"] else p for m in reference.run.result["modules"] for p in m["params"]}
     state = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in reference.run.state.items() if k in params}
-    for a, b in reference.run.result.get("tied") or []:
+    for _a, b in reference.run.result.get("tied") or []:
         state.pop(b, None)  # a tied head is not stored twice
     save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst

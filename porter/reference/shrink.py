@@ -55,7 +55,7 @@ def head_counts(config: dict[str, Any]) -> tuple[int | None, int | None]:
     """(query heads, key/value heads) as the config states them (MQA flags included)."""
     heads = first(config, "heads")
     kv = first(config, "kv_heads")
-    if kv is None and (config.get("multi_query") is True or config.get("multi_query_attention") is True and kv is None):
+    if kv is None and (config.get("multi_query") is True or (config.get("multi_query_attention") is True and kv is None)):
         kv = 1
     if config.get("multi_query_attention") is False:
         kv = heads

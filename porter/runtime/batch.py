@@ -128,7 +128,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
             llm = LLM(model=str(folder), model_impl="transformers", dtype="float32", max_model_len=length, enforce_eager=True,
                       skip_tokenizer_init=True, seed=0)
             try:
-                out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=TOKENS, temperature=0))
+                out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True))
                 tokens = list(out[0].outputs[0].token_ids)
             finally:
                 with contextlib.suppress(Exception):
@@ -136,7 +136,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
                 del llm
                 gc.collect()
         row["status"] = "loaded"
-    except BaseException as exc:  # noqa: BLE001 - vLLM refusing the model is the result
+    except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
         row["status"] = "refused"

@@ -124,3 +124,35 @@ def differences(got: RuntimeDecisions, want: RuntimeDecisions) -> list[str]:
         if got.moe.get(cls) != want.moe.get(cls):
             diffs.append(f"{cls}: vLLM MoE routing {got.moe.get(cls, 'not replaced')}, hfcheck predicted {want.moe.get(cls, 'not replaced')}")
     return diffs
+
+
+LOADS = ("native-speed", "runs")
+"""The verdicts that predict vLLM loads the model."""
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Agreement between prediction and runtime over runtime cross-check rows (one per model type).
+
+    Counted over the types whose small instance built and whose load vLLM attempted (``loaded``
+    or ``refused``): the verdict agrees when vLLM loaded exactly the types hfcheck said load; a
+    type agrees fully when, in addition, a loaded model's logged fusions, attention and MoE
+    decisions equal the prediction and its greedy tokens equal transformers'. The one function
+    the runtime cross-check's summary, its CI gate and the atlas column read."""
+    built = [r for r in rows if r.get("status") in ("loaded", "refused")]
+    verdict_ok = [r for r in built if (r["status"] == "loaded") == (r.get("verdict") in LOADS)]
+    full_ok = [r for r in verdict_ok if r["status"] == "refused" or (not r.get("differences") and r.get("tokens_match"))]
+    return {"types": len(rows), "built": len(built), "verdict_agrees": len(verdict_ok), "all_agree": len(full_ok),
+            "disagree": sorted(r["model_type"] for r in built if r not in full_ok)}
+
+
+def runtime_cell(row: dict[str, Any]) -> str:
+    """One atlas cell: what vLLM did with the type, and whether hfcheck predicted it."""
+    status = row.get("status")
+    if status == "loaded":
+        tokens = "tokens = transformers" if row.get("tokens_match") else "tokens differ from transformers"
+        same = not row.get("differences") and row.get("tokens_match") and row.get("verdict") in LOADS
+        return f"{'✓' if same else '✗'} loaded, {tokens}" + ("" if not row.get("differences") else f"; {'; '.join(row['differences'])}")
+    if status == "refused":
+        mark = "✓" if row.get("verdict") not in LOADS else "✗"
+        return f"{mark} refused: {row.get('error') or 'no error line'}"
+    return f"not run ({status}): {row.get('error') or ''}".rstrip(": ")

@@ -23,13 +23,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore")
 
 import transformers  # noqa: E402
+from common import common_model_types, err, time_limit  # noqa: E402
 
 from hfcheck.analyzer.analysis import analyse  # noqa: E402
 from hfcheck.analyzer.crosscheck import cross_check, installed_vllm_version, summary_line  # noqa: E402
 from hfcheck.analyzer.report import build_report  # noqa: E402
 from hfcheck.analyzer.sweep.targets import type_source  # noqa: E402
-
-from common import common_model_types, err, time_limit  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
@@ -40,11 +39,11 @@ def one(mt: str) -> dict:
         source = type_source(mt)
         analysis = analyse(source)
         report = build_report(analysis)
-    except Exception as exc:  # hfcheck refuses the type (exit 2 on the command line)
+    except Exception as exc:  # noqa: BLE001 - hfcheck refuses the type (exit 2 on the command line)
         return {"analysis_error": err(exc)}
     try:
         cc = cross_check(analysis, report)
-    except Exception as exc:  # a crash of the cross-check itself is a failure of the stage
+    except Exception as exc:  # noqa: BLE001 - a crash of the cross-check itself is a failure of the stage
         return {"verdict": report["verdict"], "cross_check_error": err(exc)}
     return {"verdict": report["verdict"], "cross_check": cc}
 

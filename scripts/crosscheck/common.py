@@ -49,7 +49,7 @@ def cut_text_config(cfg) -> tuple[int | None, int | None]:
     if isinstance(lt, (list, tuple)) and len(lt) > new:
         try:
             text.layer_types = list(lt)[:new]
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - a config that refuses the cut keeps its list
             pass
     for name in INDEX_LIST_NAMES:
         value = getattr(text, name, None)

@@ -27,6 +27,7 @@ import json
 import os
 import runpy
 import sys
+
 import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -18,16 +18,15 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 
 from hfcheck.analyzer.analysis import fusion_context  # noqa: E402
 from hfcheck.analyzer.facts import collect_facts  # noqa: E402
-from hfcheck.analyzer.fusions.base import FusionContext  # noqa: E402
 from hfcheck.analyzer.fusions.attention import layer_index  # noqa: E402
+from hfcheck.analyzer.fusions.base import FusionContext  # noqa: E402
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions  # noqa: E402
 from hfcheck.analyzer.fusions.moe import analyse_block  # noqa: E402
 from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, register_attention  # noqa: E402
-
-from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
@@ -42,7 +41,7 @@ def one(mt: str) -> dict:
     try:
         facts, _ = collect_facts({"model_type": mt})
         ctx = fusion_context(facts)
-    except Exception as exc:  # hfcheck cannot analyse this type; still compare class-level results
+    except Exception as exc:  # noqa: BLE001 - hfcheck cannot analyse this type; still compare class-level results
         out["facts_error"] = err(exc)
         ctx = FusionContext(head_size=1)
     out["head_size"], out["use_mla"] = ctx.head_size, ctx.use_mla
@@ -63,7 +62,7 @@ def one(mt: str) -> dict:
             rejected = [list(r) for r in inst.rejected if "higher-priority" not in r[1]]
             if rejected:
                 entry["rejected"] = rejected
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - recorded per module
             entry["error"] = err(exc)
         modules[path] = entry
         experts = dict(module.named_children()).get("experts")
@@ -80,7 +79,7 @@ def one(mt: str) -> dict:
                 m["scoring"] = b.scoring if b.internal_routing else None
                 m["shared"] = b.shared_expert
                 m["reason"] = b.routing_reason
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - recorded per block
                 m["error"] = err(exc)
             moe[path] = m
     out["modules"] = modules

@@ -20,9 +20,9 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-
 import vllm  # noqa: E402
-import vllm.model_executor.models.transformers  # noqa: E402,F401  (registers "vllm" attention)
+import vllm.model_executor.models.transformers  # noqa: E402  (registers "vllm" attention)
+from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 from vllm.model_executor.models.transformers.fuser import Fusers, get_fusers  # noqa: E402
 from vllm.model_executor.models.transformers.fusers import AttentionFuser  # noqa: E402
 from vllm.model_executor.models.transformers.fusers.moe import MoEBlockFuser  # noqa: E402
@@ -30,8 +30,6 @@ from vllm.transformers_utils.model_arch_config_convertor import (  # noqa: E402
     MODEL_ARCH_CONFIG_CONVERTORS,
     ModelArchConfigConvertorBase,
 )
-
-from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
@@ -58,7 +56,7 @@ def stub_vllm_config(cfg, text):
     # (per layer, then merged, for heterogeneous configs such as Gemma 4)
     try:
         head_size = convertor(cfg, text).convert().head_size
-    except Exception:
+    except Exception:  # noqa: BLE001 - vLLM's converter may not handle this config: its plain head size
         head_size = convertor(cfg, text).get_head_size()
     # ModelConfig.use_mla for the transformers backend: kv_lora_rank is not None
     use_mla = getattr(text, "kv_lora_rank", None) is not None
@@ -90,7 +88,7 @@ def one(mt: str) -> dict:
             for f in chosen:
                 if isinstance(f, AttentionFuser) and (idx := f.layer_index(module)) is not None:
                     attention_by_layer.setdefault(str(idx), []).append(path)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - recorded per module
             entry["error"] = err(exc)
         modules[path] = entry
         experts = dict(module.named_children()).get("experts")
@@ -103,7 +101,7 @@ def one(mt: str) -> dict:
                 m["scoring"] = fuser.scoring_func if fuser else None
                 m["internal"] = bool(fuser and fuser.scoring_func)
                 m["shared"] = fuser.shared_name if fuser else None
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - recorded per block
                 m["error"] = err(exc)
             moe[path] = m
     out["modules"] = modules

@@ -27,11 +27,31 @@ from collections.abc import Iterable
 from typing import Any
 
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names, is_call_to
-from hfcheck.analyzer.remote.checks import attention, files, imports, moe, packed_qkv, pipeline, security
-from hfcheck.analyzer.remote.checks.attention import attention_by_hand, check_attention, check_backend_flag, check_hand_written, check_kwargs
+from hfcheck.analyzer.remote.checks import (
+    attention,
+    files,
+    imports,
+    moe,
+    packed_qkv,
+    pipeline,
+    security,
+)
+from hfcheck.analyzer.remote.checks.attention import (
+    attention_by_hand,
+    check_attention,
+    check_backend_flag,
+    check_hand_written,
+    check_kwargs,
+)
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.checks.files import check_parsed
-from hfcheck.analyzer.remote.checks.imports import CUDA_ONLY, check_packages, check_removed_apis, installed, unguarded_imports
+from hfcheck.analyzer.remote.checks.imports import (
+    CUDA_ONLY,
+    check_packages,
+    check_removed_apis,
+    installed,
+    unguarded_imports,
+)
 from hfcheck.analyzer.remote.checks.moe import check_moe, counts_experts, looks_swapped, param_rank
 from hfcheck.analyzer.remote.checks.packed_qkv import PACKED_NAME, check_fused_qkv
 from hfcheck.analyzer.remote.checks.pipeline import check_pipeline

@@ -271,7 +271,7 @@ def _layer_call_sites(file: FileIndex, forward: ast.AST, list_attrs: set[str]) -
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Name) and func.id in loop_names or isinstance(func, ast.Subscript) and any(is_self_attr(func.value, a) for a in list_attrs):
+        if (isinstance(func, ast.Name) and func.id in loop_names) or (isinstance(func, ast.Subscript) and any(is_self_attr(func.value, a) for a in list_attrs)):
             calls.append(node)
         elif any(isinstance(a, ast.Attribute) and a.attr == "__call__" and isinstance(a.value, ast.Name) and a.value.id in loop_names for a in node.args):
             calls.append(node)  # self._gradient_checkpointing_func(layer.__call__, ...)
@@ -345,7 +345,7 @@ def _external_flag(bases: list[str]) -> bool | None:
             import importlib
 
             value = getattr(getattr(importlib.import_module(module), name), "_supports_attention_backend", None)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a transformers base that does not import: undecided
             continue
         if isinstance(value, bool):
             return value

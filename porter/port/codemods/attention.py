@@ -30,7 +30,15 @@ import libcst as cst
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.analyzer.remote.checks.attention import attention_by_hand
 from hfcheck.porter.port import cstutil as cu
-from hfcheck.porter.port.codemods.base import Codemod, add_init_assign, assigned, init_owner, init_param_of_config, parse, save
+from hfcheck.porter.port.codemods.base import (
+    Codemod,
+    add_init_assign,
+    assigned,
+    init_owner,
+    init_param_of_config,
+    parse,
+    save,
+)
 
 SDPA = "scaled_dot_product_attention"
 FLASH = {"flash_attn_func"}

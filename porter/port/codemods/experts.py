@@ -340,5 +340,5 @@ def _blank_before(module: cst.Module, name: str) -> cst.Module:
             body[i] = s.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             if i + 1 < len(body):
                 nxt = body[i + 1]
-                body[i + 1] = nxt.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + [l for l in nxt.leading_lines if l.comment is not None])
+                body[i + 1] = nxt.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + [line for line in nxt.leading_lines if line.comment is not None])
     return module.with_changes(body=body)

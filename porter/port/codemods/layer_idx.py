@@ -12,7 +12,14 @@ from __future__ import annotations
 import libcst as cst
 
 from hfcheck.porter.port import cstutil as cu
-from hfcheck.porter.port.codemods.base import Codemod, add_init_assign, assigned, init_owner, parse, save
+from hfcheck.porter.port.codemods.base import (
+    Codemod,
+    add_init_assign,
+    assigned,
+    init_owner,
+    parse,
+    save,
+)
 
 WHY = "vLLM maps each attention module to its KV-cache slot by the int layer_idx; without it the layer counts as not dispatching"
 

@@ -28,7 +28,7 @@ class PackedQKV(Codemod):
 
     def apply(self, state) -> None:
         index, roles = state.roles()
-        for name, (cls, attr) in roles.attention.items():
+        for _name, (cls, attr) in roles.attention.items():
             linears = {a: v for a, assigns in cls.self_assigns.items() for v, _, m in assigns if m == "__init__" and _is_linear(v)}
             if any(re.fullmatch(r"(q|query)(_proj)?", a) for a in linears):
                 continue

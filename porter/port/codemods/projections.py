@@ -60,7 +60,7 @@ class InlineProjectionHelpers(Codemod):
                 args = [a for a in node.args]
                 if len(args) != len(params) or any(a.keyword is not None or a.star for a in args):
                     return None
-                if not any(cu.find_calls(a.value, lambda c: any(cu.is_self_attr(c.func, l) for l in linears)) for a in args):
+                if not any(cu.find_calls(a.value, lambda c: any(cu.is_self_attr(c.func, lin) for lin in linears)) for a in args):
                     return None
                 values = {p: a.value if isinstance(a.value, ATOMS) else a.value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
                           for p, a in zip(params, args)}

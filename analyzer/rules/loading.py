@@ -1,0 +1,60 @@
+"""Will vLLM's weight loader find a home for every tensor of the checkpoint?"""
+
+from __future__ import annotations
+
+from hfcheck.analyzer.rules.base import Finding, Rule
+
+
+def _some(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+class CheckpointLoads(Rule):
+    code = "HFC105"
+    name = "checkpoint-names-load"
+    impact = "blocker"
+    what = (
+        "Every parameter of the causal-LM class is either in its base model or in `lm_head`, and no base-model "
+        "parameter matches one of the base model's `_keys_to_ignore_on_load_unexpected` patterns."
+    )
+    why = (
+        "vLLM's transformers backend builds the base model with AutoModel plus its own ParallelLMHead, and maps "
+        "every checkpoint name onto that pair. A head kept under another name (BERT's `cls.predictions`, "
+        "ELECTRA's `generator_predictions`) has no module: 'There is no module or parameter named cls'. The "
+        "ignore patterns are applied with re.search and drop any name containing them, so a real weight can be "
+        "discarded: 'Following weights were not initialized from checkpoint'."
+    )
+    example = (
+        "class BertLMHeadModel(BertPreTrainedModel):\n"
+        "    def __init__(self, config):\n"
+        "        self.bert = BertModel(config)\n"
+        "        self.cls = BertOnlyMLMHead(config)   # transform + decoder: not lm_head\n"
+        "_keys_to_ignore_on_load_unexpected = [\"attn.bias\"]  # also drops h.0.attn.c_attn.bias"
+    )
+    fix = (
+        "Keep the output projection as `lm_head` directly on the causal-LM class (fold any head transform into "
+        "the base model's forward), and anchor ignore patterns (r\"\\.attn\\.bias$\") so they match only the "
+        "buffers they mean."
+    )
+
+    def check(self, analysis) -> list[Finding]:
+        names = analysis.checkpoint
+        if names is None:
+            return []
+        findings = []
+        if names.outside:
+            findings.append(self.failed(
+                f"{names.architecture} keeps parameters outside its base model and lm_head, which vLLM's loader has no "
+                f"module for: {_some(names.outside)}",
+                outside=names.outside,
+            ))
+        if names.dropped:
+            findings.append(self.failed(
+                f"vLLM drops base-model weights matching the model's _keys_to_ignore_on_load_unexpected (re.search): "
+                f"{_some(names.dropped)}; loading fails with 'weights were not initialized'",
+                dropped=names.dropped,
+            ))
+        if not findings:
+            findings.append(self.passed(f"every {names.architecture} parameter maps onto the base model or lm_head"))
+        return findings
