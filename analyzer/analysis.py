@@ -49,6 +49,7 @@ def fusion_context(facts: ModelFacts, tp_size: int = 1, *, head_size: int | None
     """What vLLM reads from the config when it fuses: the one constructor scan, the sandbox
     and verify use (``head_size``: verify's shrunk instance has its own)."""
     from hfcheck.analyzer.fusions.moe import divides_shared_output
+    from hfcheck.analyzer.vllm_release import modelled_series
 
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return FusionContext(
@@ -56,6 +57,7 @@ def fusion_context(facts: ModelFacts, tp_size: int = 1, *, head_size: int | None
         tp_size=tp_size,
         use_mla=facts.uses_mla,
         divides_shared_output=divides_shared_output(facts.dtype, facts.routed_scaling_factor),
+        vllm_series=modelled_series(),
         **extra,
     )
 

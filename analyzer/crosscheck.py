@@ -30,14 +30,14 @@ cross-check never changes the verdict, the score or the exit code.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
+
+from hfcheck.analyzer.vllm_release import installed_vllm_version
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.analysis import Analysis
@@ -73,16 +73,6 @@ CROSS_CHECK_SCHEMA: dict[str, Any] = {
 """The ``cross_check`` property of the scan report (for scan.schema.json)."""
 
 
-def installed_vllm_version() -> str | None:
-    """vLLM's version from its distribution metadata (nothing imported); None if absent."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def supported(version: str | None) -> bool:
     return bool(version) and (version == SUPPORTED_SERIES or version.startswith(SUPPORTED_SERIES + "."))
 
@@ -93,7 +83,7 @@ def unavailable(version: str | None, why: str | None = None) -> dict[str, Any]:
     elif why:
         note = f"cross-check unavailable for vLLM {version}: {why}"
     else:
-        note = f"cross-check unavailable for vLLM {version} (hfcheck models vLLM {SUPPORTED_SERIES}.x)"
+        note = f"cross-check unavailable for vLLM {version} (the cross-check reads vLLM {SUPPORTED_SERIES}.x's own code)"
     return {"available": False, "vllm_version": version, "agrees": None, "differences": [], "note": note}
 
 

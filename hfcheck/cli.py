@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--fail-under", type=int, default=None, metavar="N", help="exit 1 when the score is below N")
     scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
     scan.add_argument("--graph", metavar="FILE", help="write the module dependency graph (networkx) as GraphML")
+    from hfcheck.analyzer.vllm_release import add_argument as add_vllm_argument
+
+    add_vllm_argument(scan)
     scan.add_argument("--verify", action="store_true", help="also prove the fusions and parallel plans numerically on CPU")
     scan.add_argument(
         "--trust-remote-code",
@@ -62,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from hfcheck.analyzer.vllm_release import UnsupportedRelease, choose
+
+    try:
+        choose(getattr(args, "vllm", None))
+    except UnsupportedRelease as exc:
+        return _fail(str(exc))
     try:
         if args.command == "scan":
             return _scan(args)

@@ -211,3 +211,29 @@ def test_checkpoint_names_vllm_cannot_load_block(scan_type):
     for model_type in ("llama", "opt", "bloom"):  # heads named lm_head, no stray patterns
         (finding,) = check(scan_type(model_type), "HFC105")
         assert finding["status"] == "pass", (model_type, finding)
+
+
+def test_vllm_release_modelled_moe_fuser(tmp_path):
+    """vLLM 0.32's MoE block fuser (the CPU build's) does not match a router that scores after
+    its top-k, so granitemoe keeps transformers routing there (as vLLM 0.32 logged at runtime),
+    while 0.33 routes it itself. The release is chosen with --vllm and reaches the workers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFCHECK_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("HFCHECK_VLLM", None)
+    got = {}
+    for release in ("0.32", "0.33.0"):
+        proc = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:granitemoe", "--vllm", release, "--format", "json",
+                               "--no-atlas", "--jobs", "1"], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        (report,) = json.loads(proc.stdout).values()
+        got[release] = report
+    assert got["0.32"]["vllm_version_modelled"] == "0.32.0" and got["0.33.0"]["vllm_version_modelled"] == "0.33.0"
+    (old,), (new,) = got["0.32"]["moe"], got["0.33.0"]["moe"]
+    assert not old["internal_routing"] and "0.32" in old["reason"] and got["0.32"]["verdict"] == "runs"
+    assert new["internal_routing"] and got["0.33.0"]["verdict"] == "native-speed"
+    bad = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:granitemoe", "--vllm", "0.31"], capture_output=True, text=True, env=env, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["hfcheck: error: vLLM 0.31 is not modelled (hfcheck models 0.32.x, 0.33.x)"]

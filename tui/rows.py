@@ -274,9 +274,9 @@ def _md(value: str) -> str:
 
 def markdown(entries: list[Entry], *, title: str = "hfcheck tui", scope: str = "") -> str:
     """A Markdown table of the view: the table's columns plus the serve command."""
-    from hfcheck.analyzer.vocabulary import VLLM_VERSION_MODELLED
+    from hfcheck.analyzer.vllm_release import modelled_version
 
-    lines = [f"# {title}", "", f"vLLM {VLLM_VERSION_MODELLED} transformers backend (`--model-impl transformers`), as predicted by hfcheck."]
+    lines = [f"# {title}", "", f"vLLM {modelled_version()} transformers backend (`--model-impl transformers`), as predicted by hfcheck."]
     if scope:
         lines += ["", f"View: {scope}; {len(entries)} models."]
     lines += ["", "| " + " | ".join(label for _, label in COLUMNS) + " | vllm serve |", "|" + "---|" * (len(COLUMNS) + 1)]

@@ -94,8 +94,11 @@ def _reads_input(node: object, x: fx.Node, block: nn.Module) -> bool:
     )
 
 
-def router_scoring(gate: nn.Module) -> str | None:
-    """``softmax`` / ``sigmoid`` when ``gate`` is a router vLLM can run itself, else None."""
+def router_scoring(gate: nn.Module, post_topk: bool = True) -> str | None:
+    """``softmax`` / ``sigmoid`` when ``gate`` is a router vLLM can run itself, else None.
+
+    ``post_topk``: a router that scores after its top-k also counts (vLLM 0.33; 0.32 only
+    matches ``topk(score(linear(x)))``)."""
     state = {n for n, _ in _named_state(gate)}
     if "weight" not in state or state - {"weight", "e_score_correction_bias"}:
         return None
@@ -107,7 +110,9 @@ def router_scoring(gate: nn.Module) -> str | None:
         return None
     topk = topks[-1]
     scorer = lambda n: is_op(n, "softmax") or is_op(n, "sigmoid")  # noqa: E731
-    scorers = [n for n in reaches(topk, "all_input_nodes") if scorer(n)] or [n for n in reaches(topk, "users") if scorer(n)]
+    scorers = [n for n in reaches(topk, "all_input_nodes") if scorer(n)]
+    if not scorers and post_topk:
+        scorers = [n for n in reaches(topk, "users") if scorer(n)]
     if len(scorers) != 1:
         return None
     if not any(is_op(n, "linear") for n in reaches(scorers[0], "all_input_nodes")):
@@ -142,13 +147,16 @@ def divides_shared_output(dtype: str | None, routed_scaling_factor: float | None
     return str(dtype or "").replace("torch.", "") == "float16" and routed_scaling_factor not in (None, 1.0)
 
 
-def analyse_block(block: nn.Module, divides_shared_output: bool = False) -> MoEBlock:
+def analyse_block(block: nn.Module, divides_shared_output: bool = False, series: str | None = None) -> MoEBlock:
     """``divides_shared_output``: vLLM would divide the shared expert's output by
     ``routed_scaling_factor`` (fp16 overflow protection), so it keeps transformers routing
-    (``FusionContext.divides_shared_output`` carries it, from ``divides_shared_output()``)."""
+    (``FusionContext.divides_shared_output`` carries it, from ``divides_shared_output()``).
+    ``series``: the vLLM release modelled (``vllm_release``; None: the one chosen)."""
+    from hfcheck.analyzer.vllm_release import modelled_series
+
     experts = block.get_submodule(EXPERTS_NAME)
     replaceable, why = experts_replaceable(experts)
-    r = _routing(block, experts)
+    r = _routing_032(block) if (series or modelled_series()) == "0.32" else _routing(block, experts)
     internal, routing_why, scoring, taken = r.internal, r.why, r.scoring, r.taken
     if internal and r.shared and divides_shared_output:
         internal, scoring = False, None
@@ -166,6 +174,64 @@ class _Routing:
     taken: bool = False
     gate: str | None = None
     shared_gate: str | None = None
+
+
+def _routing_032(block: nn.Module) -> _Routing:
+    """vLLM 0.32's ``MoEBlockFuser.match``: the first child (not the experts) that is a
+    ``topk(score(linear))`` router makes vLLM route, whatever the experts are called with;
+    a shared expert is the one module on the other side of the first ``add`` fed by the
+    experts' output (optionally under ``sigmoid(<one-logit linear>)``); any other stateful
+    child keeps transformers routing. No takeover without a router it can run."""
+    if _returns_tuple(type(block)):
+        return _Routing(False, "the block forward returns a tuple (e.g. router logits)")
+    gate_name = scoring = None
+    for name, child in block.named_children():
+        if name != EXPERTS_NAME and (found := router_scoring(child, post_topk=False)) is not None:
+            gate_name, scoring = name, found
+            break
+    if gate_name is None:
+        return _Routing(False, "no child is a topk(softmax|sigmoid(linear)) router vLLM 0.32 can run (it does not match scoring after the top-k)")
+    shared_name = shared_gate = None
+    if any(n not in (EXPERTS_NAME, gate_name) for n, _ in block.named_children()):
+        traced = trace_module(block)
+        if traced.graph is None:
+            return _Routing(False, f"the block forward does not trace ({traced.error})", scoring, gate=gate_name)
+        shared_name, shared_gate = _shared_by_add(traced.graph)
+        if shared_gate is not None:
+            gm = block.get_submodule(shared_gate)
+            if not (isinstance(gm, nn.Linear) and gm.weight.ndim == 2 and gm.weight.shape[0] == 1):
+                return _Routing(False, f"the shared-expert gate {shared_gate!r} is not a one-logit linear", scoring, gate=gate_name)
+    accounted = {EXPERTS_NAME, gate_name, shared_name, shared_gate}
+    extra = [n for n, c in block.named_children() if n not in accounted and next(_named_state(c), None) is not None]
+    if extra:
+        return _Routing(False, f"the block has other stateful children ({', '.join(extra)})", scoring, shared_name, gate=gate_name, shared_gate=shared_gate)
+    why = f"vLLM 0.32 routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else "")
+    return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate)
+
+
+def _shared_by_add(graph: fx.Graph) -> tuple[str | None, str | None]:
+    """0.32's shared-expert reading: (shared expert, its sigmoid gate) on the other side of
+    the first ``add`` with exactly one operand fed by the experts' output."""
+    call = find(graph, lambda n: n.op == "call_module" and n.target == EXPERTS_NAME)
+    if call is None:
+        return None, None
+    from_experts = reaches(call, "users") | {call}
+    for add in graph.nodes:
+        if not is_op(add, "add"):
+            continue
+        operands = [a for a in add.args if isinstance(a, fx.Node)]
+        sides = [a in from_experts for a in operands]
+        if len(operands) != 2 or sides.count(True) != 1:
+            continue
+        other = operands[sides.index(False)]
+        cone = reaches(other, "all_input_nodes") | {other}
+        modules = [n for n in cone if n.op == "call_module" and n.target != EXPERTS_NAME]
+        gate = next((src for n in cone if is_op(n, "sigmoid") and isinstance(src := peel(n.args[0]), fx.Node) and src in modules), None)
+        shared = [n for n in modules if n is not gate]
+        if len(shared) != 1:
+            return None, None
+        return str(shared[0].target), (str(gate.target) if gate is not None else None)
+    return None, None
 
 
 def _routing(block: nn.Module, experts: nn.Module) -> _Routing:

@@ -147,7 +147,7 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
             graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
         experts = dict(module.named_children()).get(EXPERTS_NAME)
         if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
-            moe_blocks.append((path, analyse_block(module, ctx.divides_shared_output)))
+            moe_blocks.append((path, analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)))
         for name, child in module.named_children():
             child_path = f"{path}.{name}" if path else name
             graph.add_edge(path or "<model>", child_path, kind="contains")

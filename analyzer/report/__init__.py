@@ -24,6 +24,7 @@ from hfcheck.analyzer.rules.parallel import (
 )
 from hfcheck.analyzer.rules.registry import RULES
 from hfcheck.analyzer.verdict import score_of, verdict_of
+from hfcheck.analyzer.vllm_release import modelled_version
 
 SCHEMA_VERSION = "1.1"
 """1.1: ``serve`` (which implementation the serve command uses, and why) and
@@ -104,7 +105,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "hfcheck_version": hfcheck.__version__,
-        "vllm_version_modelled": V.VLLM_VERSION_MODELLED,
+        "vllm_version_modelled": modelled_version(),
         "transformers_version": _transformers_version(),
         "verdict": verdict,
         "score": score,

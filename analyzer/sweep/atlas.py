@@ -95,7 +95,7 @@ def coverage(result: SweepResult) -> tuple[int, int]:
 
 def render_atlas(result: SweepResult, *, title_scope: str | None = None) -> str:
     from hfcheck.analyzer.sweep.cache import versions
-    from hfcheck.analyzer.vocabulary import VLLM_VERSION_MODELLED
+    from hfcheck.analyzer.vllm_release import modelled_version
 
     v = versions()
     rows = result.ordered()
@@ -111,7 +111,7 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None) -> str:
     out = [
         f"# hfcheck atlas: transformers {v['transformers']}",
         "",
-        f"What vLLM {VLLM_VERSION_MODELLED}'s transformers backend (`--model-impl transformers`) does with {scope}, "
+        f"What vLLM {modelled_version()}'s transformers backend (`--model-impl transformers`) does with {scope}, "
         f"as predicted by hfcheck {v['hfcheck']} on CPU without weights.",
         "",
         "Regenerate: `hfcheck sweep` (writes this file; `--no-cache` to re-analyse everything).",

@@ -97,18 +97,15 @@ def transformers_install() -> tuple[str, str | None]:
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str | None]:
     import hfcheck
+    from hfcheck.analyzer.vllm_release import installed_vllm_version, modelled_version
 
-    try:
-        from importlib.metadata import version
-
-        vllm = version("vllm")  # decides vllm_native when installed
-    except Exception:  # noqa: BLE001 - absent is the common case
-        vllm = None
-    return {"transformers": transformers_install()[0], "hfcheck": hfcheck.__version__, "vllm": vllm}
+    return {"transformers": transformers_install()[0], "hfcheck": hfcheck.__version__, "vllm": installed_vllm_version(),
+            "vllm_modelled": modelled_version()}
 
 
 def key_parts(source) -> dict[str, Any]:
-    """The four parts of a result's key (plus the installed vLLM, which the native check reads)."""
+    """The four parts of a result's key (plus the installed vLLM, which the native check reads,
+    and the vLLM release modelled)."""
     config = {
         "config": source.config,
         "generation_config": source.generation_config,
@@ -116,7 +113,8 @@ def key_parts(source) -> dict[str, Any]:
     }
     code = {"remote": sorted(source.code_files.items()), "missing": list(source.missing_code), "analyzer": analyzer_code_hash()}
     v = versions()
-    return {"config": _digest(config), "code": _digest(code), "transformers": v["transformers"], "hfcheck": v["hfcheck"], "vllm": v["vllm"]}
+    return {"config": _digest(config), "code": _digest(code), "transformers": v["transformers"], "hfcheck": v["hfcheck"], "vllm": v["vllm"],
+            "vllm_modelled": v["vllm_modelled"]}
 
 
 def result_key(source) -> str:
@@ -141,7 +139,7 @@ def content_key(chash: str) -> str:
     """The key of an analysis of a config hash under this hfcheck, transformers and vLLM: two
     sources with the same one get the same report, but for the model's name (``run.restamp``)."""
     v = versions()
-    return _digest([CACHE_FORMAT, "content", chash, analyzer_code_hash(), v["transformers"], v["hfcheck"], v["vllm"]])
+    return _digest([CACHE_FORMAT, "content", chash, analyzer_code_hash(), v["transformers"], v["hfcheck"], v["vllm"], v["vllm_modelled"]])
 
 
 class ResultCache:
@@ -215,7 +213,7 @@ INDEX_FORMAT = 1
 def environment_key() -> str:
     """What decides a model type's default config and the key of its result: the transformers
     install (version, where, when written), hfcheck (version, analyzer source, and the sweep's
-    own targets and cache code), the installed vLLM and the result cache's format. Computed
+    own targets and cache code), the installed vLLM, the vLLM release modelled and the result cache's format. Computed
     without importing transformers or torch."""
     version, origin = transformers_install()
     try:
@@ -225,7 +223,8 @@ def environment_key() -> str:
     here = Path(__file__).resolve().parent
     sweep_code = hashlib.sha256(b"".join((here / name).read_bytes() for name in ("targets.py", "cache.py"))).hexdigest()
     v = versions()
-    return _digest([INDEX_FORMAT, CACHE_FORMAT, version, origin, written, v["hfcheck"], v["vllm"], analyzer_code_hash(), sweep_code, sys.version_info[:2]])
+    return _digest([INDEX_FORMAT, CACHE_FORMAT, version, origin, written, v["hfcheck"], v["vllm"], v["vllm_modelled"], analyzer_code_hash(),
+                    sweep_code, sys.version_info[:2]])
 
 
 class TypeIndex:

@@ -44,7 +44,7 @@ from hfcheck.analyzer.sweep.worker import START_FAILURES_ALLOWED, PoolError, Res
 
 KILL_ACTOR_ENV = "HFCHECK_TEST_KILL_ACTOR"  # test hook, as worker.HANG_ENV: keys whose actor aborts
 FORWARDED_ENV_PREFIXES = ("HFCHECK_TEST_",)
-FORWARDED_ENV = ("TRANSFORMERS_VERBOSITY",)
+FORWARDED_ENV = ("TRANSFORMERS_VERBOSITY", "HFCHECK_VLLM")
 DRIVER_SLACK_S = 60.0
 POLL_S = 0.5  # how often the loop looks at cancel(), at most
 

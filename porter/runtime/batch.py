@@ -23,6 +23,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -34,6 +35,9 @@ HEAD_DIM = 32
 MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
 TOKENS = 4
 PROMPT = [3, 17, 5, 9, 11, 2, 7, 13]
+NO_PROCESSOR = re.compile(r"Can't load (image )?processor|Failed to load the processor|Tokenizer has no attribute")
+"""vLLM builds a multimodal model's processor (tokenizer and image processor) at start, even for
+text-only prompts; the random-weight folder has neither, so such a type is not compared."""
 
 
 def _first(exc: BaseException) -> str:
@@ -142,6 +146,8 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
         row["status"] = "refused"
         log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
         row["error"] = load_error(log_text) or _first(exc)
+        if NO_PROCESSOR.search(row["error"]):
+            row["status"] = "no-processor"  # the folder's fault, not a decision of vLLM's about the model
     log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     got = parse(log_text)
     row["decisions"] = got.to_dict()

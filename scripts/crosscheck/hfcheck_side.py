@@ -70,7 +70,7 @@ def one(mt: str) -> dict:
             m: dict = {"block_cls": type(module).__name__, "experts_cls": type(experts).__name__}
             m["replaceable_common"] = moe_replaceable(experts)
             try:
-                b = analyse_block(module, ctx.divides_shared_output)
+                b = analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)
                 m["replaceable"] = b.experts_replaceable
                 m["internal"] = b.internal_routing
                 # hfcheck has no "block forward taken over, routing external" outcome:
