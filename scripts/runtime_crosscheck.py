@@ -9,7 +9,8 @@ vLLM (the CPU build here), its logged decisions compared with hfcheck's predicti
   under the one isolated-process runner with a time limit; a model that hangs or kills its
   process costs that model (it is recorded as such) and the batch resumes after it;
 - results are one JSON line per model type in ``--out``: re-running skips every type already
-  there for the same hfcheck source and vLLM version (resumable; ``--fresh`` starts over);
+  there for the same hfcheck source and vLLM version (resumable; ``--fresh`` starts over), and
+  ``--types`` re-runs those types alone, keeping the others' rows (each names its source);
 - the summary prints agreement: over the types whose small instance builds, the share where
   hfcheck's verdict (loads or not) and every module's fusions and attention equal vLLM's.
 
@@ -176,9 +177,11 @@ def main() -> int:
     out = Path(args.out or ROOT / "reports" / f"runtime-vllm-{version}.jsonl")
     key = source_hash()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() and not args.fresh else []
-    rows = [r for r in rows if r.get("hfcheck_source") in (None, key)]
     types = args.types.split(",") if args.types else model_types(python)
-    have = {r["model_type"] for r in rows}
+    # a row recorded by other hfcheck code is run again when its type is asked for; the rows of
+    # types not asked for are kept as they are (each says which code made it)
+    rows = [r for r in rows if r.get("hfcheck_source") in (None, key) or r["model_type"] not in types]
+    have = {r["model_type"] for r in rows if r["model_type"] in types}
     todo = [t for t in types if t not in have]
     log(f"{len(types)} types, {len(have & set(types))} already recorded, {len(todo)} to run (vLLM {version})")
     tmp = out.with_suffix(".new.jsonl")
@@ -186,7 +189,7 @@ def main() -> int:
     t0 = time.monotonic()
     if todo:
         run(todo, python, version, tmp, args.batch, args.per_model, log, ray=args.ray, cpus_per_batch=args.cpus_per_batch)
-    rows = [dict(json.loads(line), hfcheck_source=key) for line in tmp.read_text().splitlines() if line.strip()]
+    rows = [{"hfcheck_source": key, **json.loads(line)} for line in tmp.read_text().splitlines() if line.strip()]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.unlink()
     summary = agreement([r for r in rows if r["model_type"] in types])

@@ -237,3 +237,21 @@ def test_vllm_release_modelled_moe_fuser(tmp_path):
     assert new["internal_routing"] and got["0.33.0"]["verdict"] == "native-speed"
     bad = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:granitemoe", "--vllm", "0.31"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["hfcheck: error: vLLM 0.31 is not modelled (hfcheck models 0.32.x, 0.33.x)"]
+
+
+@pytest.mark.parametrize(("release", "status"), [("0.32", "fail"), ("0.33", "pass")])
+def test_moe_config_fields_per_release(tmp_path, monkeypatch, release, status):
+    """Aria names its top-k `moe_topk`: vLLM 0.32's MoE backend reads only num_experts_per_tok /
+    top_k and stops on an assert (as it did at runtime); 0.33 reads the alias."""
+    from conftest import write_model
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+
+    monkeypatch.setenv("HFCHECK_VLLM", release)
+    report = build_report(analyse(resolve(str(write_model(tmp_path, "aria_text")))))
+    (finding,) = check(report, "HFC404")
+    assert finding["status"] == status, finding
+    assert report["vllm_version_modelled"] == f"{release}.0"
+    assert (report["verdict"] == "blocked") == (status == "fail")

@@ -331,3 +331,28 @@ def test_hfcheck_sweep_subcommand(tmp_path):
     run = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:llama", "--format", "json"], capture_output=True, text=True, env=env_for(tmp_path), timeout=240, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["llama"]["verdict"] == "native-speed"
+
+
+def test_atlas_column_of_what_vllm_ran(tmp_path, scan_type):
+    """The atlas written next to a runtime cross-check's rows (the newest vLLM's) gains the
+    headline agreement and a *vLLM ran* column; rows of another version are ignored."""
+    from hfcheck.analyzer.sweep.atlas import write_atlas
+
+    rows = [
+        {"model_type": "qwen3", "status": "loaded", "verdict": "native-speed", "differences": [], "tokens_match": True},
+        {"model_type": "gpt2", "status": "refused", "verdict": "blocked", "error": "ValueError: Following weights were not initialized"},
+        {"model_type": "odd", "status": "loaded", "verdict": "blocked", "differences": [], "tokens_match": True},
+    ]
+    (tmp_path / "runtime-vllm-0.32.0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "runtime-vllm-0.9.1.jsonl").write_text(json.dumps({"model_type": "qwen3", "status": "refused", "verdict": "runs"}) + "\n")
+    result = SweepResult(
+        [Target("qwen3", model_type="qwen3"), Target("gpt2", model_type="gpt2"), Target("odd", model_type="odd")],
+        {"qwen3": {"report": scan_type("qwen3")}, "gpt2": {"report": scan_type("gpt2")}, "odd": {"report": scan_type("llama")}},
+    )
+    text = write_atlas(result, tmp_path / "atlas.md").read_text()
+    assert "loaded 3 of these types in real vLLM 0.32.0" in text and "agrees on **2 of 3** (66.7%)" in text
+    assert "| vLLM ran (0.32.0) |" in text
+    lines = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert lines["| qwen3"].endswith("| ✓ loaded, tokens = transformers |")
+    assert lines["| gpt2"].endswith("| ✓ refused: ValueError: Following weights were not initialized |")
+    assert lines["| odd"].endswith("| ✗ loaded, tokens = transformers |")

@@ -24,6 +24,25 @@ from hfcheck.analyzer.graph.tracer import trace_module
 
 EXPERTS_NAME = "experts"
 
+TOP_K_READ_BY = {
+    "0.32": ("num_experts_per_tok", "top_k"),
+    "0.33": ("num_experts_per_tok", "num_experts_per_token", "top_k_experts", "moe_topk", "moe_top_k", "top_k"),
+}
+"""The config attributes vLLM's MoE backend reads the top-k from, by release (``getattr``, so a
+config's ``attribute_map`` counts); with none of them it stops on ``assert top_k is not None``.
+0.33 reads ``CONFIG_FIELD_ALIASES["num_experts_per_token"]``; 0.32 its own two names."""
+INTERMEDIATE_READ_BY = ("moe_intermediate_size", "intermediate_size")
+"""Where both releases read the experts' width (``assert intermediate_size is not None``)."""
+
+
+def moe_fields_missing(text_config: object, series: str) -> list[str]:
+    """What vLLM's MoE backend of ``series`` cannot find in ``text_config`` (it asserts on each)."""
+    missing = []
+    for what, names in (("top-k", TOP_K_READ_BY[series]), ("experts' intermediate size", INTERMEDIATE_READ_BY)):
+        if all(getattr(text_config, n, None) is None for n in names):
+            missing.append(f"{what} ({' or '.join(names)})")
+    return missing
+
 
 def experts_replaceable(experts: nn.Module) -> tuple[bool, str]:
     """(replaceable, why) for a child named ``experts``."""

@@ -53,6 +53,32 @@ class InternalRouting(Rule):
         return out or [self.noted("experts are not replaced, so routing stays in transformers")]
 
 
+class MoEConfigFields(Rule):
+    code = "HFC404"
+    name = "moe-config-fields"
+    impact = "blocker"
+    what = "The config names the top-k and the experts' intermediate size under the attributes vLLM's MoE backend reads."
+    why = (
+        "For an MoE model vLLM builds FusedMoE from the config: `top_k = getattr_iter(text_config, names)` then "
+        "`assert top_k is not None`. vLLM 0.32 reads only num_experts_per_tok and top_k (Aria's moe_topk fails with a "
+        "bare AssertionError at start); 0.33 reads more aliases."
+    )
+    example = "AriaTextConfig(moe_topk=2)   # vLLM 0.32: AssertionError in TransformersMoE.recursive_replace"
+    fix = "Expose the top-k as `num_experts_per_tok` (an attribute or an attribute_map entry) and the experts' width as `moe_intermediate_size`."
+
+    def check(self, analysis) -> list[Finding]:
+        from hfcheck.analyzer.fusions.moe import moe_fields_missing
+        from hfcheck.analyzer.instance import text_config_of
+
+        if not analysis.facts.is_moe or analysis.config_object is None:
+            return []
+        series = analysis.fusion_context.vllm_series
+        missing = moe_fields_missing(text_config_of(analysis.config_object), series)
+        if missing:
+            return [self.failed(f"vLLM {series}'s MoE backend finds no {', no '.join(missing)} in the config: it stops on an assert at start")]
+        return [self.passed(f"vLLM {series}'s MoE backend finds the top-k and the experts' width in the config")]
+
+
 class ExpertParallel(Rule):
     code = "HFC403"
     name = "expert-parallel"

@@ -11,7 +11,12 @@ from hfcheck.analyzer.rules.attention import (
 from hfcheck.analyzer.rules.base import Rule
 from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
 from hfcheck.analyzer.rules.loading import CheckpointLoads
-from hfcheck.analyzer.rules.moe import ExpertParallel, ExpertsReplaceable, InternalRouting
+from hfcheck.analyzer.rules.moe import (
+    ExpertParallel,
+    ExpertsReplaceable,
+    InternalRouting,
+    MoEConfigFields,
+)
 from hfcheck.analyzer.rules.parallel import (
     PipelineParallel,
     TensorParallelPlan,
@@ -41,6 +46,7 @@ RULES: tuple[type[Rule], ...] = (
     RMSNormDetected,
     ExpertsReplaceable,
     InternalRouting,
+    MoEConfigFields,
     ExpertParallel,
     TensorParallelPlan,
     TensorParallelSizes,

@@ -93,7 +93,34 @@ def coverage(result: SweepResult) -> tuple[int, int]:
     return sum(instance_ok(r) for _, r in done), len(done)
 
 
-def render_atlas(result: SweepResult, *, title_scope: str | None = None) -> str:
+def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str]) -> list[str]:
+    """The headline of the runtime cross-check over the atlas's model types."""
+    if runtime is None:
+        return []
+    from hfcheck.porter.runtime.decisions import agreement
+
+    version, by_type = runtime
+    rows = [by_type[k] for k in keys if k in by_type]
+    if not rows:
+        return []
+    a = agreement(rows)
+    pct = f"{100 * a['all_agree'] / a['built']:.1f}%" if a["built"] else "n/a"
+    return [
+        "## Checked against running vLLM",
+        "",
+        f"`scripts/runtime_crosscheck.py` loaded {len(rows)} of these types in real vLLM {version} (its CPU build, "
+        "`model_impl=\"transformers\"`, random weights, greedy tokens against transformers' `generate`) and compared what "
+        f"vLLM logged with hfcheck's prediction for vLLM {version}, made in the same environment. Over the "
+        f"{a['built']} types whose small instance built and whose load vLLM attempted, the prediction agrees on "
+        f"**{a['all_agree']} of {a['built']}** ({pct}): the verdict (loads or not) on {a['verdict_agrees']}, and on the "
+        "others every module's fusions, attention and MoE routing and the tokens as well. Column *vLLM ran* below; "
+        "the reasons for each remaining difference are in `scripts/crosscheck/runtime_known_differences.toml`.",
+        "",
+    ]
+
+
+def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime: tuple[str, dict[str, dict]] | None = None) -> str:
+    """``runtime``: (vLLM version, runtime cross-check rows by model type), for the *vLLM ran* column."""
     from hfcheck.analyzer.sweep.cache import versions
     from hfcheck.analyzer.vllm_release import modelled_version
 
@@ -152,22 +179,29 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None) -> str:
             out.append(f"| {_cell(t.key)} | tiny instance / graph | {_cell(reason)} | {_plain(r)} |")
         out.append("")
 
-    out += [
-        "## Every target",
-        "",
-        "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |",
-        "|---|---|---|---:|---|---|---|---|---|---|",
-    ]
+    out += _runtime_section(runtime, [t.model_type for t, _ in rows if t.is_type])
+    ran = runtime[1] if runtime else None
+    head = "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |"
+    rule = "|---|---|---|---:|---|---|---|---|---|---|"
+    if ran is not None:
+        head, rule = head + f" vLLM ran ({runtime[0]}) |", rule + "---|"
+    out += ["## Every target", "", head, rule]
     for t, res in rows:
         report = res.get("report")
+        tail = ""
+        if ran is not None:
+            from hfcheck.porter.runtime.decisions import runtime_cell
+
+            row = ran.get(t.model_type or "")
+            tail = f" {_cell(_short(runtime_cell(row), 220)) if row else '—'} |"
         if report is None:
-            out.append(f"| {_cell(t.key)} | — | {FAILED} | — | — | — | — | — | {_cell(failure_reason(res))} | — |")
+            out.append(f"| {_cell(t.key)} | — | {FAILED} | — | — | — | — | — | {_cell(failure_reason(res))} | — |{tail}")
             continue
         archs = ", ".join(report.get("model", {}).get("architectures") or []) or "—"
         blockers = "; ".join(_short(b) for b in report.get("blockers") or []) or "—"
         out.append(
             f"| {_cell(t.key)} | {_cell(archs)} | {report.get('verdict')} | {report.get('score')} | {_cell(_fusions(report))} | "
-            f"{_cell(_moe(report))} | {_tp(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |"
+            f"{_cell(_moe(report))} | {_tp(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |{tail}"
         )
     out.append("")
     return "\n".join(out)
@@ -177,6 +211,8 @@ def write_atlas(result: SweepResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render_atlas(result), encoding="utf-8")
+    from hfcheck.porter.runtime.decisions import latest_rows
+
+    tmp.write_text(render_atlas(result, runtime=latest_rows(path.parent)), encoding="utf-8")
     tmp.replace(path)
     return path

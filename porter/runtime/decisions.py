@@ -156,3 +156,27 @@ def runtime_cell(row: dict[str, Any]) -> str:
         mark = "✓" if row.get("verdict") not in LOADS else "✗"
         return f"{mark} refused: {row.get('error') or 'no error line'}"
     return f"not run ({status}): {row.get('error') or ''}".rstrip(": ")
+
+
+RUNTIME_ROWS = "runtime-vllm-*.jsonl"
+"""The runtime cross-check's output files (``scripts/runtime_crosscheck.py``), one per vLLM version."""
+
+
+def latest_rows(folder) -> tuple[str, dict[str, dict[str, Any]]] | None:
+    """(vLLM version, rows by model type) of the newest runtime cross-check in ``folder``, if any."""
+    import json
+    from pathlib import Path
+
+    def version_of(path: Path) -> tuple[int, ...]:
+        text = path.name[len("runtime-vllm-"):-len(".jsonl")]
+        return tuple(int(p) if p.isdigit() else 0 for p in text.split("."))
+
+    files = sorted((p for p in Path(folder).glob(RUNTIME_ROWS) if not p.name.endswith(".new.jsonl")), key=version_of)
+    if not files:
+        return None
+    rows: dict[str, dict[str, Any]] = {}
+    for line in files[-1].read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["model_type"]] = row
+    return files[-1].name[len("runtime-vllm-"):-len(".jsonl")], rows
