@@ -6,10 +6,9 @@ outputs are all-reduced. Compared with the unsharded model."""
 from __future__ import annotations
 
 from hfcheck.verify.common import Proof, Subject, Timer
-from hfcheck.verify.dist import LaunchError, launch
 from hfcheck.verify.fusion import find_sites, fusion_context
 from hfcheck.verify.shard import predicted_plan
-from hfcheck.verify.tp import reference_recording, sharded_run, summarise
+from hfcheck.verify.tp import prove_sharded
 
 
 def ep_plan(subject: Subject, facts, size: int, with_tp: bool, sites) -> dict[str, str]:
@@ -37,13 +36,4 @@ def prove_ep(subject: Subject, facts, size: int = 2, with_tp: bool = True, timeo
     experts = subject.model.get_submodule(blocks[0].path).experts
     count = getattr(experts, "num_experts", None) or (len(experts) if hasattr(experts, "__len__") else None)
     claim = f"EP {size}: {count or '?'} experts per MoE block over {size} ranks" + (" (with TP 2 elsewhere)" if with_tp else "") + " reproduces the unsharded output"
-    reference, hidden, logits = reference_recording(subject)
-
-    def task(rank: int, world: int) -> dict:
-        return sharded_run(subject, plan, sites, reference, (hidden, logits), rank, world)
-
-    try:
-        results = launch(size, task, timeout_s)
-    except LaunchError as exc:
-        return Proof(claim, "ep", "error", None, timer.seconds, str(exc))
-    return summarise(claim, "ep", results, timer)
+    return prove_sharded(subject, plan, sites, claim, "ep", size, timeout_s, timer)

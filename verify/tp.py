@@ -91,6 +91,22 @@ def summarise(claim: str, kind: str, results: list[dict | None], timer: Timer) -
     return Proof(claim, kind, "failed", err, timer.seconds, detail, module)
 
 
+def prove_sharded(subject: Subject, plan: dict[str, str], sites: list[Site], claim: str, kind: str, size: int,
+                  timeout_s: float, timer: Timer) -> Proof:
+    """Run ``subject`` sharded by ``plan`` on ``size`` gloo ranks against its unsharded
+    recording: the one launcher of the TP and EP proofs."""
+    reference, hidden, logits = reference_recording(subject)
+
+    def task(rank: int, world: int) -> dict:
+        return sharded_run(subject, plan, sites, reference, (hidden, logits), rank, world)
+
+    try:
+        results = launch(size, task, timeout_s)
+    except LaunchError as exc:
+        return Proof(claim, kind, "error", None, timer.seconds, str(exc))
+    return summarise(claim, kind, results, timer)
+
+
 def prove_tp(subject: Subject, facts, size: int, plan: dict[str, str] | None = None, timeout_s: float = 120.0,
              claim: str | None = None) -> Proof:
     """TP ``size`` with ``plan`` (default: the predicted plan) against the unsharded model."""
@@ -102,13 +118,4 @@ def prove_tp(subject: Subject, facts, size: int, plan: dict[str, str] | None = N
     else:
         source = "given plan"
     claim = claim or f"TP {size}: {source} ({len(plan)} entries) reproduces the unsharded output"
-    reference, hidden, logits = reference_recording(subject)
-
-    def task(rank: int, world: int) -> dict:
-        return sharded_run(subject, plan, sites, reference, (hidden, logits), rank, world)
-
-    try:
-        results = launch(size, task, timeout_s)
-    except LaunchError as exc:
-        return Proof(claim, "tp", "error", None, timer.seconds, str(exc))
-    return summarise(claim, "tp", results, timer)
+    return prove_sharded(subject, plan, sites, claim, "tp", size, timeout_s, timer)

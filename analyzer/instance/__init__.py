@@ -68,7 +68,7 @@ def _cut_layers(text: Any, n: int) -> None:
     for name in V.LAYER_FIELDS:
         if isinstance(getattr(text, name, None), int):
             setattr(text, name, n)
-    for name in ("layer_types", "layers_block_type", "block_types", "mlp_only_layers_list"):
+    for name in ("layer_types", "mlp_layer_types", "layers_block_type", "block_types", "mlp_only_layers_list"):
         value = getattr(text, name, None)
         if isinstance(value, (list, tuple)) and len(value) > n:
             setattr(text, name, list(value)[:n])
@@ -316,9 +316,9 @@ class CheckpointNames:
     """How vLLM's weight loader meets the checkpoint of the ``architectures`` class.
 
     vLLM's transformers backend builds only the base model (``AutoModel``) and its own
-    ``lm_head``; every checkpoint name is mapped onto that pair. ``outside``: parameters of the
-    class that live in neither (a head such as BERT's ``cls.predictions``), which the loader
-    has no module for. ``dropped``: base-model parameters whose checkpoint name matches one of
+    ``lm_head`` (a weight and an optional bias); every checkpoint name is mapped onto that pair.
+    ``outside``: parameters of the class that live in neither (a head such as BERT's
+    ``cls.predictions``, or RoBERTa's ``lm_head.dense``), which the loader has no module for. ``dropped``: base-model parameters whose checkpoint name matches one of
     the base model's ``_keys_to_ignore_on_load_unexpected`` patterns, which vLLM applies with
     ``re.search`` to every name and so discards (GPT-2's ``attn.bias`` also matches
     ``attn.c_attn.bias``), leaving them uninitialised."""
@@ -328,13 +328,23 @@ class CheckpointNames:
     dropped: list[str]
 
 
+def generates(cls: type | None) -> bool:
+    """Is ``cls`` a text-generation class: one of transformers' causal-LM classes (vLLM then
+    serves it with its generate runner and its causal-LM wrapper)?"""
+    if cls is None:
+        return False
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return cls.__name__.endswith(("ForCausalLM", "LMHeadModel")) or cls.__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+
+
 def checkpoint_names(facts: ModelFacts, cfg_obj: Any, cls: type | None, base: nn.Module | None) -> CheckpointNames | None:
     """Read the causal-LM class's parameter names against its base model, on the meta
     device at the structural layer cut; None where vLLM's causal-LM wrapper does not apply
     (no transformers class, a composite or non-causal class) or the class does not build."""
     import re
 
-    if cls is None or base is None or cfg_obj is None or not cls.__name__.endswith(("ForCausalLM", "LMHeadModel")):
+    if base is None or cfg_obj is None or not generates(cls):
         return None
     config = copy.deepcopy(cfg_obj)
     text = text_config_of(config)
@@ -351,10 +361,9 @@ def checkpoint_names(facts: ModelFacts, cfg_obj: Any, cls: type | None, base: nn
         return None
     prefix = getattr(model, "base_model_prefix", "") or "model"
     base_ids = {id(p) for p in getattr(model, prefix, model).parameters()} if hasattr(model, prefix) else set()
-    outside = sorted(
-        name for name, p in model.named_parameters(remove_duplicate=False)
-        if not name.startswith((f"{prefix}.", "lm_head.")) and id(p) not in base_ids
-    )
+    named = list(model.named_parameters(remove_duplicate=False))
+    homes = base_ids | {id(p) for name, p in named if name in ("lm_head.weight", "lm_head.bias")}
+    outside = sorted({id(p): name for name, p in reversed(named) if not name.startswith(f"{prefix}.") and id(p) not in homes}.values())
     patterns = [re.compile(p) for p in getattr(base, "_keys_to_ignore_on_load_unexpected", None) or []]
     outside = [n for n in outside if not any(p.search(n) for p in patterns)]
     dropped = sorted(

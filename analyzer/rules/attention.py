@@ -129,7 +129,7 @@ class EncoderModels(Rule):
     code = "HFC204"
     name = "encoder-decoder"
     impact = "blocker"
-    what = "Encoder-decoder models are refused; encoder-only models (is_causal = False) are served with encoder attention."
+    what = "Encoder-decoder models are refused; encoder-only models (is_causal = False) are served with encoder attention, which cannot generate."
     why = "vLLM's transformers backend treats any text model with a non-causal attention module as encoder-only and does not support encoder-decoder models."
     example = "t5, bart (is_encoder_decoder: true): refused"
     fix = "Use a decoder-only checkpoint, or a native vLLM implementation where one exists."
@@ -137,7 +137,16 @@ class EncoderModels(Rule):
     def check(self, analysis) -> list[Finding]:
         if analysis.facts.is_encoder_decoder:
             return [self.failed("encoder-decoder model: vLLM's transformers backend does not support it")]
+        from hfcheck.analyzer.instance import generates
+
         obs = analysis.observations
         if obs is not None and obs.encoder_attention:
+            if generates(analysis.transformers_class):
+                return [self.failed(
+                    f"{analysis.transformers_class.__name__} generates, but {obs.encoder_attention[0]} has is_causal = False: vLLM "
+                    "serves the model with encoder-only attention, which keeps no KV cache, and generation stops at start "
+                    "('requires at least one cacheable group')",
+                    "Set is_decoder = True in config.json (causal attention), or serve the base model for pooling.",
+                )]
             return [self.noted(f"encoder-only: {obs.encoder_attention[0]} has is_causal = False; served with encoder attention (pooling, not generation)")]
         return [self.passed("decoder-only")]

@@ -277,26 +277,26 @@ class RayPool:
                 self._discard(actor)
                 self._start_failed(f"a Ray actor did not start within {self.start_timeout:g} s")
 
+    def _lost(self, actor: _Actor, on_result: Callable[[str, Result], None], when_busy: str, when_starting: str) -> None:
+        """An actor gone: its model's row (not cached: the machine's fault), or a failed start."""
+        state, key = actor.state, actor.key
+        self._discard(actor)
+        if state == "busy":
+            on_result(key, {"error": when_busy, "cacheable": False})
+        else:
+            self._start_failed(when_starting)
+
     def _service(self, actor: _Actor, ref: Any, on_result: Callable[[str, Result], None]) -> None:
         import ray
 
         try:
             answer = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError) as exc:
-            state, key = actor.state, actor.key
-            self._discard(actor)
-            if state == "busy":
-                on_result(key, {"error": f"worker crashed (Ray actor died on {actor.host}: {_first_line(exc)})", "cacheable": False})
-            else:
-                self._start_failed(f"a Ray actor died while starting: {_first_line(exc)}")
+            self._lost(actor, on_result, f"worker crashed (Ray actor died on {actor.host}: {_first_line(exc)})",
+                       f"a Ray actor died while starting: {_first_line(exc)}")
             return
         except ray.exceptions.RayTaskError as exc:  # a bug in the relay itself
-            state, key = actor.state, actor.key
-            self._discard(actor)
-            if state == "busy":
-                on_result(key, {"error": f"the Ray task failed: {_first_line(exc)}", "cacheable": False})
-            else:
-                self._start_failed(f"a Ray actor failed while starting: {_first_line(exc)}")
+            self._lost(actor, on_result, f"the Ray task failed: {_first_line(exc)}", f"a Ray actor failed while starting: {_first_line(exc)}")
             return
         if actor.state == "starting":
             actor.host = answer.get("host", "?")
