@@ -180,7 +180,8 @@ def analyse_block(block: nn.Module, divides_shared_output: bool = False, series:
     if internal and r.shared and divides_shared_output:
         internal, scoring = False, None
         routing_why = "fp16 with routed_scaling_factor != 1 and a shared expert: vLLM keeps transformers routing (run in bfloat16 to fuse it)"
-        taken = False
+        # 0.33 still moves the shared expert into FusedMoE where the experts' output is not scaled
+        taken = r.unscaled and (series or modelled_series()) == "0.33"
     return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, r.shared, taken, r.gate, r.shared_gate)
 
 
@@ -193,6 +194,8 @@ class _Routing:
     taken: bool = False
     gate: str | None = None
     shared_gate: str | None = None
+    unscaled: bool = False
+    """The block returns the experts' output itself (not times a constant) [+ shared]."""
 
 
 def _routing_032(block: nn.Module) -> _Routing:
@@ -321,4 +324,4 @@ def _routing(block: nn.Module, experts: nn.Module) -> _Routing:
             why += f"; vLLM still takes the block over and runs the shared expert {shared_name!r} in FusedMoE"
         return _Routing(False, why, None, shared_name, taken, gate_name, shared_gate)
     why = f"vLLM routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else "")
-    return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate)
+    return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate, unscaled=routed is call)

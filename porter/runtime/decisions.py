@@ -104,8 +104,8 @@ def predicted(report: dict[str, Any]) -> RuntimeDecisions:
             out.attention.add(m["class"])
     for block in report.get("moe", []):
         if block.get("experts_replaceable"):
-            if block.get("block_taken_over"):
-                out.moe[block["class"]] = "internal"
+            if block.get("block_taken_over"):  # vLLM 0.33 also takes a block over with the model's router
+                out.moe[block["class"]] = "internal" if block.get("internal_routing") else "external"
             else:
                 out.moe[block.get("experts_class") or block["class"]] = "external"
     return out
