@@ -68,7 +68,7 @@ def _cut_layers(text: Any, n: int) -> None:
     for name in V.LAYER_FIELDS:
         if isinstance(getattr(text, name, None), int):
             setattr(text, name, n)
-    for name in ("layer_types", "mlp_layer_types", "layers_block_type", "block_types", "mlp_only_layers_list"):
+    for name in ("layer_types", "mlp_layer_types", "attention_layers", "layers_block_type", "block_types", "mlp_only_layers_list"):
         value = getattr(text, name, None)
         if isinstance(value, (list, tuple)) and len(value) > n:
             setattr(text, name, list(value)[:n])
