@@ -215,7 +215,7 @@ def test_checkpoint_names_vllm_cannot_load_block(scan_type):
 
 def test_vllm_release_modelled_moe_fuser(tmp_path):
     """vLLM 0.32's MoE block fuser (the CPU build's) does not match a router that scores after
-    its top-k, so granitemoe keeps transformers routing there (as vLLM 0.32 logged at runtime),
+    its top-k, so granitemoe_swa keeps transformers routing there (as vLLM 0.32 logged at runtime),
     while 0.33 routes it itself. The release is chosen with --vllm and reaches the workers."""
     import json
     import os
@@ -226,7 +226,7 @@ def test_vllm_release_modelled_moe_fuser(tmp_path):
     env.pop("HFCHECK_VLLM", None)
     got = {}
     for release in ("0.32", "0.33.0"):
-        proc = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:granitemoe", "--vllm", release, "--format", "json",
+        proc = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:granitemoe_swa", "--vllm", release, "--format", "json",
                                "--no-atlas", "--jobs", "1"], capture_output=True, text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
         (report,) = json.loads(proc.stdout).values()
