@@ -350,7 +350,7 @@ def test_atlas_column_of_what_vllm_ran(tmp_path, scan_type):
         {"qwen3": {"report": scan_type("qwen3")}, "gpt2": {"report": scan_type("gpt2")}, "odd": {"report": scan_type("llama")}},
     )
     text = write_atlas(result, tmp_path / "atlas.md").read_text()
-    assert "loaded 3 of these types in real vLLM 0.32.0" in text and "agrees on **2 of 3** (66.7%)" in text
+    assert "took 3 of these types to real vLLM 0.32.0" in text and "agrees on **2 of 3** (66.7%)" in text
     assert "| vLLM ran (0.32.0) |" in text
     lines = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
     assert lines["| qwen3"].endswith("| ✓ loaded, tokens = transformers |")

@@ -108,7 +108,7 @@ def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str
     return [
         "## Checked against running vLLM",
         "",
-        f"`scripts/runtime_crosscheck.py` loaded {len(rows)} of these types in real vLLM {version} (its CPU build, "
+        f"`scripts/runtime_crosscheck.py` took {len(rows)} of these types to real vLLM {version} (its CPU build, "
         "`model_impl=\"transformers\"`, random weights, greedy tokens against transformers' `generate`) and compared what "
         f"vLLM logged with hfcheck's prediction for vLLM {version}, made in the same environment. Over the "
         f"{a['built']} types whose small instance built and whose load vLLM attempted, the prediction agrees on "
