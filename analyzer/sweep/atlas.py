@@ -181,6 +181,8 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
 
     out += _runtime_section(runtime, [t.model_type for t, _ in rows if t.is_type])
     ran = runtime[1] if runtime else None
+    if ran is not None:
+        from hfcheck.porter.runtime.decisions import runtime_cell
     head = "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |"
     rule = "|---|---|---|---:|---|---|---|---|---|---|"
     if ran is not None:
@@ -190,8 +192,6 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
         report = res.get("report")
         tail = ""
         if ran is not None:
-            from hfcheck.porter.runtime.decisions import runtime_cell
-
             row = ran.get(t.model_type or "")
             tail = f" {_cell(_short(runtime_cell(row), 220)) if row else '—'} |"
         if report is None:
