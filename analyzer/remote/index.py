@@ -94,7 +94,7 @@ class FileIndex:
         while current is not None:
             if isinstance(current, FUNCTION_NODES):
                 return False
-            if isinstance(current, ast.If) and child in current.body and _is_main_guard(current.test):
+            if isinstance(current, ast.If) and child in current.body and is_main_guard(current.test):
                 return False
             child, current = current, self.parent(current)
         return True
@@ -116,7 +116,8 @@ class FileIndex:
         return None
 
 
-def _is_main_guard(test: ast.expr) -> bool:
+def is_main_guard(test: ast.expr) -> bool:
+    """``if __name__ == "__main__":`` (code a module import never runs)."""
     return (
         isinstance(test, ast.Compare)
         and isinstance(test.left, ast.Name)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from hfcheck.analyzer.remote.ast_helpers import call_kw, location_status, where_in
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
-from hfcheck.analyzer.remote.index import CodeIndex, FileIndex
+from hfcheck.analyzer.remote.index import CodeIndex, FileIndex, is_main_guard
 
 # --------------------------------------------------------------------------- HFC820-825: security
 
@@ -182,7 +182,7 @@ def _side_effects(file: FileIndex, flagged_lines: set[int]) -> Iterator[CodeFind
             if stmt.lineno in flagged_lines:
                 continue
             if isinstance(stmt, ast.If):
-                if not _is_main(stmt.test):
+                if not is_main_guard(stmt.test):
                     yield from visit(stmt.body)
                 yield from visit(stmt.orelse)
                 continue
@@ -225,15 +225,6 @@ def _side_effects(file: FileIndex, flagged_lines: set[int]) -> Iterator[CodeFind
                             break
 
     yield from visit(file.tree.body)
-
-
-def _is_main(test: ast.expr) -> bool:
-    return (
-        isinstance(test, ast.Compare)
-        and isinstance(test.left, ast.Name)
-        and test.left.id == "__name__"
-        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
-    )
 
 
 # --------------------------------------------------------------------------- the codes, documented
