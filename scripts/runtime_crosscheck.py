@@ -76,6 +76,9 @@ def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model
         missing = [t for t in chunk if t not in done]
         stuck = ((root / "progress").read_text().strip() if (root / "progress").is_file() else "") or (missing[0] if missing else None)
     why = "timed out" if child.timed_out else f"the process ended with status {child.returncode}"
+    last = [line for line in child.stderr_tail.splitlines() if line.strip()]
+    if missing and last:
+        why += f" ({last[-1].strip()[:200]})"
     return {"missing": missing, "stuck": stuck if missing else None, "why": why}
 
 
@@ -174,7 +177,7 @@ def main() -> int:
     from hfcheck.porter.runtime.decisions import agreement
 
     python, version = prepare(log)
-    out = Path(args.out or ROOT / "reports" / f"runtime-vllm-{version}.jsonl")
+    out = Path(args.out or ROOT / "reports" / f"runtime-vllm-{version}.jsonl").resolve()  # the batches run elsewhere
     key = source_hash()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() and not args.fresh else []
     types = args.types.split(",") if args.types else model_types(python)

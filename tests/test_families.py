@@ -103,6 +103,21 @@ def test_deepseek_v3_mla_and_shared_experts(scan_type):
     (moe,) = r["moe"]
     assert moe["experts_replaceable"] and moe["internal_routing"]
     assert "shared" in moe["reason"]
+    assert check(r, "HFC205")[0]["status"] == "pass"  # head size kv_lora_rank + rope = 576
+
+
+@pytest.mark.parametrize("model_type,head_size", [("minicpm3", 32), ("youtu", 64)])
+def test_mla_outside_vllms_deepseek_types_is_refused_for_its_head_size(scan_type, model_type, head_size):
+    # Measured on vLLM 0.32 (CPU build): "Head dimension 64 is not supported by MLA" at the first
+    # forward; vLLM takes kv_lora_rank + rope only for the DeepSeek-style types it lists.
+    r = scan_type(model_type)
+    (finding,) = check(r, "HFC205")
+    assert finding["status"] == "fail" and f"head size {head_size}" in finding["message"]
+    assert r["verdict"] == "blocked"
+
+
+def test_no_kv_lora_rank_no_mla_head_size_gate(scan_type):
+    assert check(scan_type("qwen3"), "HFC205")[0]["status"] == "info"
 
 
 def test_gpt_oss_sinks_biased_experts_and_mxfp4(scan_type):

@@ -20,6 +20,39 @@ from hfcheck.analyzer.graph.nodes import (
 )
 from hfcheck.analyzer.graph.tracer import Trace
 
+DEEPSEEK_MLA_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41", "dots3_note",
+    "deepseek_mtp", "k3_dspark", "glm5_next", "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite",
+    "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash", "pangu_ultra_moe",
+    "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp", "hy_v4",
+    "hy_v4_mtp",
+})
+"""Text model types whose head size vLLM computes as ``kv_lora_rank + qk_rope_head_dim``
+(``ModelArchConfigConvertorBase.is_deepseek_mla``, the same list in 0.32 and 0.33). Any other
+MLA model gets the plain head size: transformers' MLA configs set ``head_dim`` to the rope part."""
+
+MLA_HEAD_SIZES = (320, 512, 576)
+"""``MLACommonBackend.get_supported_head_sizes``: the attention metadata of every MLA backend
+(GPU and CPU) refuses any other head size at the first forward ("Head dimension 64 is not
+supported by MLA")."""
+
+
+def vllm_head_size(text_model_type: str, head_dim: int | None, kv_lora_rank: int | None, qk_rope_head_dim: int | None) -> int | None:
+    """The head size vLLM's model config reports (``get_head_size``) for an MLA model: the
+    latent width for the DeepSeek family, else the config's head_dim (``hidden // heads`` when
+    it has none, which ``head_dim`` here already is)."""
+    if text_model_type in DEEPSEEK_MLA_TYPES and kv_lora_rank is not None:
+        return kv_lora_rank + (qk_rope_head_dim or 0)
+    return head_dim
+
+
+def refused_head_size(facts) -> int | None:
+    """The head size vLLM's MLA attention refuses at start for this model, else None."""
+    if not facts.uses_mla:
+        return None
+    size = vllm_head_size(facts.text_model_type, facts.head_dim, facts.kv_lora_rank, facts.qk_rope_head_dim)
+    return None if size in MLA_HEAD_SIZES else size
+
 
 def _reads_input(node: fx.Node) -> bool:
     return len(node.args) == 1 and isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder"

@@ -105,6 +105,46 @@ class UnmanagedStateSpace(Rule):
         return [self.passed("no SSM mixer beside attention")]
 
 
+class MLAHeadSize(Rule):
+    code = "HFC205"
+    name = "mla-head-size"
+    impact = "blocker"
+    what = "A model whose attention fuses as MLA has a head size vLLM's MLA attention accepts (320, 512 or 576)."
+    why = (
+        "With `kv_lora_rank` in the config and MLA fused, vLLM runs MLAAttention, whose metadata refuses any "
+        "head size outside its kernels' list at the first forward ('Head dimension 64 is not supported by MLA'), "
+        "on GPU and CPU alike. vLLM computes the head size as kv_lora_rank + qk_rope_head_dim only for the "
+        "DeepSeek family of model types it lists; any other MLA model gets its config's head_dim, which "
+        "transformers' MLA configs set to the rope part (32 or 64)."
+    )
+    example = "minicpm3: MLA fuses, head_dim = qk_rope_head_dim = 32: vLLM fails at start"
+    fix = (
+        "Serve it with vLLM's native implementation where one exists (`--model-impl auto`); for the transformers "
+        "backend vLLM has to list the model type with its DeepSeek-style MLA models."
+    )
+
+    def check(self, analysis) -> list[Finding]:
+        from hfcheck.analyzer.fusions.mla import refused_head_size
+
+        facts = analysis.facts
+        if not facts.uses_mla:
+            return [self.noted("no kv_lora_rank: vLLM does not use MLA")]
+        size = refused_head_size(facts)
+        obs = analysis.observations
+        if size is None:
+            return [self.passed(f"MLA head size {facts.kv_lora_rank} + {facts.qk_rope_head_dim} is one vLLM's MLA kernels take")]
+        if obs is None:
+            return [self.inconclusive(f"head size {size} is refused by vLLM's MLA attention if MLA fuses; no instance to trace")]
+        fused = sorted({m.cls for m in obs.modules if "mla" in m.fusions})
+        if not fused:
+            return [self.passed(f"MLA does not fuse, so vLLM falls back to full attention (head size {size} is not checked)")]
+        return [self.failed(
+            f"{fused[0]} fuses as MLA, but vLLM reads head size {size} for model type {facts.text_model_type!r} "
+            "(not one of its DeepSeek-style MLA types), and its MLA attention takes only 320, 512 or 576: "
+            "vLLM fails at the first forward",
+        )]
+
+
 class AttentionArguments(Rule):
     code = "HFC203"
     name = "attention-arguments-resolvable"

@@ -6,6 +6,7 @@ from hfcheck.analyzer.rules.attention import (
     AttentionArguments,
     AttentionCoverage,
     EncoderModels,
+    MLAHeadSize,
     UnmanagedStateSpace,
 )
 from hfcheck.analyzer.rules.base import Rule
@@ -41,6 +42,7 @@ RULES: tuple[type[Rule], ...] = (
     UnmanagedStateSpace,
     AttentionArguments,
     EncoderModels,
+    MLAHeadSize,
     AttentionProjections,
     GatedMLP,
     RMSNormDetected,
