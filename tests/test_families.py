@@ -5,7 +5,9 @@ structural tiny instance on the meta device). Expected values are what vLLM 0.33
 from __future__ import annotations
 
 import pytest
+import torch
 from jsonschema import validate
+from torch import nn
 
 from hfcheck.analyzer.report import schema
 
@@ -270,3 +272,37 @@ def test_moe_config_fields_per_release(tmp_path, monkeypatch, release, status):
     assert finding["status"] == status, finding
     assert report["vllm_version_modelled"] == f"{release}.0"
     assert (report["verdict"] == "blocked") == (status == "fail")
+
+
+def test_linear_subclass_router_is_lost_to_vllms_linear(scan_type):
+    # Measured on vLLM 0.32 (CPU build): PhiMoE's router (an nn.Linear subclass returning three
+    # tensors) is replaced by vLLM's linear and the block fails: "too many values to unpack".
+    r = scan_type("phimoe")
+    (finding,) = check(r, "HFC106")
+    assert finding["status"] == "fail" and "PhimoeTopKRouter" in finding["message"] and "tuple" in finding["message"]
+    assert r["verdict"] == "blocked"
+    assert check(scan_type("qwen3"), "HFC106")[0]["status"] == "pass"
+
+
+def test_linear_forward_lost_runs_the_subclass_forward():
+    from transformers.models.falcon.modeling_falcon import FalconLinear
+    from transformers.models.phimoe.modeling_phimoe import PhimoeConfig, PhimoeTopKRouter
+
+    from hfcheck.analyzer.graph.observe import linear_forward_lost
+
+    class ScaledHead(nn.Linear):  # dory's lm_head shape: a per-output scale after the product
+        def __init__(self):
+            super().__init__(8, 4, bias=False)
+            self.scale = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+
+    assert linear_forward_lost(FalconLinear(8, 4, bias=True)) is None  # x @ W.T + b by hand: same numbers
+    assert linear_forward_lost(nn.Linear(8, 4)) is None
+    assert "more than" in linear_forward_lost(ScaledHead())
+    router = PhimoeTopKRouter(PhimoeConfig(hidden_size=8, num_local_experts=4, num_experts_per_tok=2))
+    assert "tuple" in linear_forward_lost(router)
+    with torch.device("meta"):  # the structural instance lives on the meta device
+        meta_router = PhimoeTopKRouter(PhimoeConfig(hidden_size=8, num_local_experts=4, num_experts_per_tok=2))
+    assert "tuple" in linear_forward_lost(meta_router)

@@ -57,6 +57,9 @@ class Observations:
     tp_plan: dict[str, str]
     pp_plan: dict[str, object] | None
     graph: nx.DiGraph
+    linear_forwards_lost: list[tuple[str, str, str]] = field(default_factory=list)
+    """(path, class, what its own forward does beyond ``x @ W.T + b``) for each nn.Linear subclass
+    vLLM replaces by its own linear (``linear_forward_lost``)."""
 
     def module_classes(self, keep=lambda m: True) -> list[ModuleObservation]:
         """The first instance of each module class that ``keep`` accepts (rules judge classes)."""
@@ -102,6 +105,41 @@ def _dataflow_edges(graph: fx.Graph | None, prefix: str) -> list[tuple[str, str]
     return edges
 
 
+def linear_forward_lost(linear: nn.Linear) -> str | None:
+    """What vLLM loses when it replaces this linear, else None.
+
+    vLLM's ``recursive_replace`` swaps every ``nn.Linear`` child, subclasses included
+    (``isinstance``), for its own linear layer, which computes ``x @ W.T + b`` and nothing
+    else: a subclass's own forward is dropped. Whether that forward is only a linear is decided
+    by running it once on a copy with random weights (a probe of the instance's small size)."""
+    import copy
+
+    import torch
+
+    if type(linear).forward is nn.Linear.forward:
+        return None
+    probe = copy.deepcopy(linear)
+    if any(t.is_meta for t in (*probe.parameters(), *probe.buffers())):
+        probe = probe.to_empty(device="cpu")
+    probe.eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor in (*probe.parameters(), *probe.buffers()):
+            if tensor.is_floating_point():
+                tensor.copy_(torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype))
+        x = torch.randn(3, probe.in_features, generator=generator, dtype=probe.weight.dtype)
+        try:
+            out = probe(x)
+        except Exception as exc:  # noqa: BLE001 - a forward that needs more than one input is not a plain linear
+            return f"its forward does not run as a plain linear ({type(exc).__name__}: {str(exc)[:80]})"
+        if not isinstance(out, torch.Tensor):
+            return f"its forward returns a {type(out).__name__}, where vLLM's linear returns one tensor"
+        plain = nn.functional.linear(x, probe.weight, probe.bias)
+        if out.shape != plain.shape or not torch.allclose(out.to(plain.dtype), plain, rtol=1e-4, atol=1e-5):
+            return "its forward computes more than x @ W.T + b"
+    return None
+
+
 def observe(model: nn.Module, ctx: FusionContext) -> Observations:
     graph = nx.DiGraph()
     modules: list[ModuleObservation] = []
@@ -109,6 +147,7 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
     problems: list[str] = []
     moe_blocks: list[tuple[str, MoEBlock]] = []
     encoder: list[str] = []
+    linear_lost: list[tuple[str, str, str]] = []
 
     def visit(module: nn.Module, path: str) -> None:
         graph.add_node(path or "<model>", cls=type(module).__name__)
@@ -146,11 +185,17 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
         if cf.trace is not None:
             graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
         experts = dict(module.named_children()).get(EXPERTS_NAME)
+        kept_by_moe: set[str] = set()
         if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
-            moe_blocks.append((path, analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)))
+            block = analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)
+            moe_blocks.append((path, block))
+            if block.block_taken_over and block.gate:
+                kept_by_moe.add(block.gate)  # the router then runs inside vLLM's MoE runner, as written
         for name, child in module.named_children():
             child_path = f"{path}.{name}" if path else name
             graph.add_edge(path or "<model>", child_path, kind="contains")
+            if isinstance(child, nn.Linear) and name not in kept_by_moe and (lost := linear_forward_lost(child)):
+                linear_lost.append((child_path, type(child).__name__, lost))
             if isinstance(child, _NO_RECURSE):
                 graph.add_node(child_path, cls=type(child).__name__)
                 continue
@@ -175,4 +220,5 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
         tp_plan=tp_plan,
         pp_plan=dict(pp_plan) if pp_plan else None,
         graph=graph,
+        linear_forwards_lost=linear_lost,
     )

@@ -58,3 +58,45 @@ class CheckpointLoads(Rule):
         if not findings:
             findings.append(self.passed(f"every {names.architecture} parameter maps onto the base model or lm_head"))
         return findings
+
+
+class LinearSubclassForward(Rule):
+    code = "HFC106"
+    name = "linear-subclass-forward"
+    impact = "blocker"
+    what = "No nn.Linear subclass that vLLM replaces has a forward doing more than `x @ W.T + b`."
+    why = (
+        "vLLM's transformers backend replaces every nn.Linear child, subclasses included, by its own linear "
+        "layer (ReplicatedLinear or a tensor-parallel one), which only multiplies: a subclass's own forward is "
+        "dropped. A router that returns (logits, weights, experts) then returns one tensor and the block fails "
+        "('too many values to unpack (expected 3)', measured on PhiMoE with vLLM 0.32); a forward that scales "
+        "or post-processes gives other numbers without any error. Routers of MoE blocks that vLLM takes over "
+        "run as written and are not judged."
+    )
+    example = (
+        "class PhimoeTopKRouter(nn.Linear):\n"
+        "    def forward(self, hidden_states):\n"
+        "        router_logits = super().forward(hidden_states)\n"
+        "        ...\n"
+        "        return router_logits, routing_weights, selected_experts   # vLLM's linear returns one tensor"
+    )
+    fix = (
+        "Make such a module an nn.Module that holds an nn.Linear child (or a weight Parameter) and does its extra "
+        "work in its own forward: vLLM then replaces only the plain linear."
+    )
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if obs is None:
+            return [self.inconclusive("no instance to walk")]
+        lost = obs.linear_forwards_lost
+        if not lost:
+            return [self.passed("every nn.Linear vLLM replaces computes only x @ W.T + b")]
+        by_class: dict[str, tuple[str, str]] = {}
+        for path, cls, why in lost:
+            by_class.setdefault(cls, (path, why))
+        return [
+            self.failed(f"{cls} ({path}) subclasses nn.Linear with its own forward, which vLLM's replacement linear drops: {why}",
+                        module=cls)
+            for cls, (path, why) in by_class.items()
+        ]

@@ -11,7 +11,7 @@ from hfcheck.analyzer.rules.attention import (
 )
 from hfcheck.analyzer.rules.base import Rule
 from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
-from hfcheck.analyzer.rules.loading import CheckpointLoads
+from hfcheck.analyzer.rules.loading import CheckpointLoads, LinearSubclassForward
 from hfcheck.analyzer.rules.moe import (
     ExpertParallel,
     ExpertsReplaceable,
@@ -38,6 +38,7 @@ RULES: tuple[type[Rule], ...] = (
     NativeImplementation,
     InstanceBuilt,
     CheckpointLoads,
+    LinearSubclassForward,
     AttentionCoverage,
     UnmanagedStateSpace,
     AttentionArguments,
