@@ -274,6 +274,24 @@ def test_moe_config_fields_per_release(tmp_path, monkeypatch, release, status):
     assert (report["verdict"] == "blocked") == (status == "fail")
 
 
+@pytest.mark.parametrize(("release", "status"), [("0.32", "fail"), ("0.33", "pass")])
+def test_router_inputs_vllm_032_drops(tmp_path, monkeypatch, release, status):
+    """MiniMax-M2 calls its router with the block's e_score_correction_bias; vLLM 0.32 takes the
+    block over (as it logged at runtime) with the router's weight alone, so the bias is lost."""
+    from conftest import write_model
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+
+    monkeypatch.setenv("HFCHECK_VLLM", release)
+    report = build_report(analyse(resolve(str(write_model(tmp_path, "minimax_m2")))))
+    (finding,) = check(report, "HFC405")
+    assert finding["status"] == status, finding
+    if status == "fail":
+        assert "self.e_score_correction_bias" in finding["message"] and report["verdict"] == "blocked"
+
+
 def test_linear_subclass_router_is_lost_to_vllms_linear(scan_type):
     # Measured on vLLM 0.32 (CPU build): PhiMoE's router (an nn.Linear subclass returning three
     # tensors) is replaced by vLLM's linear and the block fails: "too many values to unpack".

@@ -158,6 +158,9 @@ class MoEBlock:
     """The router child (``_, weights, ids = <gate>(x)``), when the block has that shape."""
     shared_gate: str | None = None
     """The one-logit linear of ``sigmoid(<shared_gate>(x)) * shared(x)``, when there is one."""
+    routing_drops: str | None = None
+    """What vLLM's routing leaves out of the block's own when it takes the block over (0.32:
+    inputs the block passes to its router beside the hidden states), else None."""
 
 
 def divides_shared_output(dtype: str | None, routed_scaling_factor: float | None) -> bool:
@@ -182,7 +185,8 @@ def analyse_block(block: nn.Module, divides_shared_output: bool = False, series:
         routing_why = "fp16 with routed_scaling_factor != 1 and a shared expert: vLLM keeps transformers routing (run in bfloat16 to fuse it)"
         # 0.33 still moves the shared expert into FusedMoE where the experts' output is not scaled
         taken = r.unscaled and (series or modelled_series()) == "0.33"
-    return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, r.shared, taken, r.gate, r.shared_gate)
+    drops = r.drops if internal else None
+    return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, r.shared, taken, r.gate, r.shared_gate, drops)
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,8 @@ class _Routing:
     shared_gate: str | None = None
     unscaled: bool = False
     """The block returns the experts' output itself (not times a constant) [+ shared]."""
+    drops: str | None = None
+    """``MoEBlock.routing_drops``."""
 
 
 def _routing_032(block: nn.Module) -> _Routing:
@@ -228,7 +234,23 @@ def _routing_032(block: nn.Module) -> _Routing:
     if extra:
         return _Routing(False, f"the block has other stateful children ({', '.join(extra)})", scoring, shared_name, gate=gate_name, shared_gate=shared_gate)
     why = f"vLLM 0.32 routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else "")
-    return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate)
+    return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate, drops=_router_inputs_dropped(block, gate_name))
+
+
+def _router_inputs_dropped(block: nn.Module, gate_name: str) -> str | None:
+    """0.32 rebuilds the router as ``GateLinear(x)`` and replaces the block forward: whatever
+    else the block passed to its router (MiniMax-M2's ``self.e_score_correction_bias``) is
+    never used; vLLM takes a correction bias only from the router module itself."""
+    traced = trace_module(block)
+    if traced.graph is None:
+        return None
+    calls = [n for n in traced.graph.nodes if n.op == "call_module" and n.target == gate_name]
+    extra = [a for call in calls for a in (*call.args[1:], *call.kwargs.values())]
+    if not extra:
+        return None
+    names = ", ".join(f"self.{a.target}" if isinstance(a, fx.Node) and a.op == "get_attr" else (a.name if isinstance(a, fx.Node) else repr(a)) for a in extra)
+    return (f"the block calls its router {gate_name!r} with {names} beside the hidden states; vLLM 0.32 routes with "
+            f"the router's weight alone (a correction bias only if the router itself holds one), so it routes without them")
 
 
 def _shared_by_add(graph: fx.Graph) -> tuple[str | None, str | None]:

@@ -53,6 +53,33 @@ class InternalRouting(Rule):
         return out or [self.noted("experts are not replaced, so routing stays in transformers")]
 
 
+class RoutingInputs(Rule):
+    code = "HFC405"
+    name = "moe-routing-inputs"
+    impact = "blocker"
+    what = "When vLLM takes an MoE block over, its routing reads everything the block's own routing reads."
+    why = (
+        "Taking a block over, vLLM 0.32 rebuilds the router as a plain gate linear and replaces the block forward. "
+        "Anything else the block hands its router (MiniMax-M2 passes the block's e_score_correction_bias) is never "
+        "used: vLLM takes a correction bias only from the router module itself. The model loads and serves other "
+        "experts than it was trained with, without any error. vLLM 0.33 does not take such a block over."
+    )
+    example = "_, weights, ids = self.gate(hidden_states, self.e_score_correction_bias)   # vLLM 0.32: bias ignored"
+    fix = (
+        "Keep routing state on the router module (register e_score_correction_bias on the gate) and call it with the "
+        "hidden states alone; or serve with vLLM 0.33."
+    )
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
+            return []
+        dropped = [b for b in obs.moe_classes() if b.experts_replaceable and b.internal_routing and b.routing_drops]
+        if dropped:
+            return [self.failed(f"{b.block_class}: {b.routing_drops}") for b in dropped]
+        return [self.passed("vLLM's routing reads what each block's routing reads")]
+
+
 class MoEConfigFields(Rule):
     code = "HFC404"
     name = "moe-config-fields"

@@ -17,6 +17,7 @@ from hfcheck.analyzer.rules.moe import (
     ExpertsReplaceable,
     InternalRouting,
     MoEConfigFields,
+    RoutingInputs,
 )
 from hfcheck.analyzer.rules.parallel import (
     PipelineParallel,
@@ -49,6 +50,7 @@ RULES: tuple[type[Rule], ...] = (
     RMSNormDetected,
     ExpertsReplaceable,
     InternalRouting,
+    RoutingInputs,
     MoEConfigFields,
     ExpertParallel,
     TensorParallelPlan,
