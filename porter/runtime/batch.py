@@ -102,6 +102,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     from hfcheck.analyzer.analysis import analyse
     from hfcheck.analyzer.report import build_report
     from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.vllm_release import installed_is_cpu_build
     from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
 
     row: dict[str, Any] = {"model_type": model_type}
@@ -113,7 +114,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
         row.update(status="no-instance", error=_first(exc))
         return row
     report = build_report(analyse(resolve(str(folder))))
-    want = predicted(report)
+    want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
     log_path = work / f"{model_type}.log"
     tokens = None

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfcheck.analyzer.verdict import LOADS
+
 _FUSED = re.compile(r"Fused: (?P<src>.+?) \((?:(?P<attr>[\w.]+): )?(?P<cls>\w+)\) -> (?P<dst>.+)$")
 _FOUND = re.compile(r"Found: (?P<attr>[\w.]+) \((?P<cls>\w+)\) -> attention interface")
 _ERROR = re.compile(r"(?:Error|Exception|error)\W*:?\s*(.+)$")
@@ -82,20 +84,38 @@ def parse(log: str) -> RuntimeDecisions:
 
 
 def load_error(log: str) -> str | None:
-    """The line that says why vLLM did not start (the last exception-looking line)."""
+    """The line that says why vLLM did not start (the last exception-looking line). Where that
+    is the engine's "Worker failed with error ''" (a bare ``assert`` in the worker), the worker's
+    own exception and the source line that raised it instead."""
     candidates = []
+    source = None
     for line in log.splitlines():
         text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()
         text = re.sub(r"^(ERROR|WARNING|INFO) \d\d-\d\d [\d:]+ \[[^\]]+\]\s*", "", text)
         if re.match(r"^([\w.]+Error|[\w.]+Exception|Value error,)", text) or "does not dispatch through" in text \
                 or "is not compatible with vLLM" in text or "Cannot find model module" in text:
+            if "Worker failed with error ''" in text and candidates and source:
+                return f"{candidates[-1]} in vLLM's worker at `{source}`"[:400]
             candidates.append(text)
+        elif text and not text.startswith(("File ", "^", "~", "Traceback")):
+            source = text
     return candidates[-1][:400] if candidates else None
 
 
-def predicted(report: dict[str, Any]) -> RuntimeDecisions:
-    """hfcheck's prediction in the same shape (from a scan report)."""
-    out = RuntimeDecisions(backend=report.get("verdict") in ("native-speed", "runs"))
+FAILS_ON_CPU_BUILD = "cpu"
+"""``details["fails_on"]`` of a finding that stops vLLM's CPU build only (HFC406)."""
+
+
+def fails_on_cpu_build(report: dict[str, Any]) -> list[str]:
+    """The messages of the report's findings that stop vLLM's CPU build, not a GPU one."""
+    return [c["message"] for c in report.get("checks", []) if (c.get("details") or {}).get("fails_on") == FAILS_ON_CPU_BUILD]
+
+
+def predicted(report: dict[str, Any], cpu_build: bool = False) -> RuntimeDecisions:
+    """hfcheck's prediction in the same shape (from a scan report); ``cpu_build``: for vLLM's
+    CPU build, where some routing vLLM does on GPUs stops the model (``fails_on_cpu_build``)."""
+    loads = report.get("verdict") in LOADS and not (cpu_build and fails_on_cpu_build(report))
+    out = RuntimeDecisions(backend=loads)
     for m in report.get("modules", []):
         names = {f for f in m.get("fusions", []) if f in ("qkv", "packed_qkv", "glu", "merged_column", "rms_norm", "mla")}
         if names:
@@ -126,8 +146,14 @@ def differences(got: RuntimeDecisions, want: RuntimeDecisions) -> list[str]:
     return diffs
 
 
-LOADS = ("native-speed", "runs")
-"""The verdicts that predict vLLM loads the model."""
+
+def predicted_loads(row: dict[str, Any]) -> bool:
+    """Did hfcheck predict that the vLLM of this runtime row loads the model (the CPU build's
+    own limits included, where the row ran there)."""
+    want = row.get("predicted") or {}
+    if "transformers_backend" in want:
+        return bool(want["transformers_backend"])
+    return row.get("verdict") in LOADS
 
 
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,7 +165,7 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     decisions equal the prediction and its greedy tokens equal transformers'. The one function
     the runtime cross-check's summary, its CI gate and the atlas column read."""
     built = [r for r in rows if r.get("status") in ("loaded", "refused")]
-    verdict_ok = [r for r in built if (r["status"] == "loaded") == (r.get("verdict") in LOADS)]
+    verdict_ok = [r for r in built if (r["status"] == "loaded") == predicted_loads(r)]
     full_ok = [r for r in verdict_ok if r["status"] == "refused" or (not r.get("differences") and r.get("tokens_match"))]
     return {"types": len(rows), "built": len(built), "verdict_agrees": len(verdict_ok), "all_agree": len(full_ok),
             "disagree": sorted(r["model_type"] for r in built if r not in full_ok)}
@@ -150,10 +176,10 @@ def runtime_cell(row: dict[str, Any]) -> str:
     status = row.get("status")
     if status == "loaded":
         tokens = "tokens = transformers" if row.get("tokens_match") else "tokens differ from transformers"
-        same = not row.get("differences") and row.get("tokens_match") and row.get("verdict") in LOADS
+        same = not row.get("differences") and row.get("tokens_match") and predicted_loads(row)
         return f"{'✓' if same else '✗'} loaded, {tokens}" + ("" if not row.get("differences") else f"; {'; '.join(row['differences'])}")
     if status == "refused":
-        mark = "✓" if row.get("verdict") not in LOADS else "✗"
+        mark = "✓" if not predicted_loads(row) else "✗"
         return f"{mark} refused: {row.get('error') or 'no error line'}"
     return f"not run ({status}): {row.get('error') or ''}".rstrip(": ")
 

