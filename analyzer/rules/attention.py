@@ -145,6 +145,37 @@ class MLAHeadSize(Rule):
         )]
 
 
+class AttentionOutputWidth(Rule):
+    code = "HFC206"
+    name = "attention-value-head-size"
+    impact = "blocker"
+    what = "The output projection after attention reads num_heads x head_dim features: values have the head size of queries and keys."
+    why = (
+        "vLLM builds each attention layer with one head size (the config's head_dim) for queries, keys and values "
+        "(the transformers backend passes no separate value head size) and returns num_heads x head_dim features per "
+        "token. A model whose values are wider or narrower (v_head_dim != head_dim) feeds that to an output "
+        "projection of another width and fails at the first forward (\"shape '[-1, 2048]' is invalid for input of "
+        "size 512\", measured on MiMo-V2-Flash with vLLM 0.32). MLA is exempt: vLLM's MLA layer takes v_head_dim."
+    )
+    example = "MiMo-V2-Flash: head_dim 192, v_head_dim 128: o_proj reads 64 x 128, vLLM returns 64 x 192"
+    fix = "Serve it with vLLM's native implementation where one exists (`--model-impl auto`)."
+
+    def check(self, analysis) -> list[Finding]:
+        facts, obs = analysis.facts, analysis.observations
+        if obs is None or facts.uses_mla or not facts.num_heads or not facts.head_dim:
+            return []
+        expected = facts.num_heads * facts.head_dim
+        for m in obs.module_classes(lambda m: m.attention and m.output_width is not None):
+            if m.output_width != expected:
+                return [self.failed(
+                    f"{m.cls}'s output projection reads {m.output_width} features, but vLLM's attention returns "
+                    f"{facts.num_heads} heads x head_dim {facts.head_dim} = {expected} (values of another head size "
+                    "than queries and keys): vLLM fails at the first forward",
+                    module=m.cls,
+                )]
+        return [self.passed(f"attention output is {facts.num_heads} x {facts.head_dim}, what vLLM's attention returns")]
+
+
 class AttentionArguments(Rule):
     code = "HFC203"
     name = "attention-arguments-resolvable"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hfcheck.analyzer.rules.attention import (
     AttentionArguments,
     AttentionCoverage,
+    AttentionOutputWidth,
     EncoderModels,
     MLAHeadSize,
     UnmanagedStateSpace,
@@ -46,6 +47,7 @@ RULES: tuple[type[Rule], ...] = (
     AttentionArguments,
     EncoderModels,
     MLAHeadSize,
+    AttentionOutputWidth,
     AttentionProjections,
     GatedMLP,
     RMSNormDetected,
