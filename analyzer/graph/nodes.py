@@ -113,6 +113,35 @@ def returned_linear(graph: fx.Graph, module: nn.Module) -> str | None:
     return None if linear is None else str(linear.target)
 
 
+def attention_key_value_linears(graph: fx.Graph, module: nn.Module) -> tuple[str, str] | None:
+    """(key linear, value linear) when the one attention call's keys and values each come from
+    a linear of their own; None otherwise (no single call, packed or shared projections)."""
+    calls = [n for n in graph.nodes if is_opaque_call(n) and len(n.args) >= 3]
+    if len(calls) != 1:
+        return None
+    q, k, v = (_linears_upstream(a, module) for a in calls[0].args[:3])
+    if len(k) != 1 or len(v) != 1 or k == v or k & q or v & q:
+        return None
+    return str(next(iter(k)).target), str(next(iter(v)).target)
+
+
+def _linears_upstream(node: object, module: nn.Module) -> set[fx.Node]:
+    """The nearest linears feeding ``node`` along every input (lists included: a partial
+    rotary ``cat``), never through an opaque attention call."""
+    found: set[fx.Node] = set()
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, fx.Node) or current in seen:
+            continue
+        seen.add(current)
+        if is_linear(current, module):
+            found.add(current)
+        elif current.op in ("call_function", "call_method", "call_module") and not is_opaque_call(current):
+            stack.extend(current.all_input_nodes)
+    return found
+
+
 def reaches(node: fx.Node, direction: str) -> set[fx.Node]:
     """Every node reachable from ``node`` along ``all_input_nodes`` or ``users``."""
     seen: set[fx.Node] = set()

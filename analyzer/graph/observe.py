@@ -23,7 +23,7 @@ from hfcheck.analyzer.fusions.attention import layer_index, scaling_problem, sin
 from hfcheck.analyzer.fusions.base import FusionContext, Match
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
 from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, MoEBlock, analyse_block, experts_replaceable
-from hfcheck.analyzer.graph.nodes import returned_linear
+from hfcheck.analyzer.graph.nodes import attention_key_value_linears
 
 
 @dataclass
@@ -44,9 +44,9 @@ class ModuleObservation:
     row_parallel: dict[str, str] = field(default_factory=dict)
     matches: list[Match] = field(default_factory=list)
     """The chosen fusions, attention included, as the patterns matched them (what to apply)."""
-    output_width: int | None = None
-    """For an attention module: the in-features of the linear producing its output (o_proj),
-    which reads what the attention interface returned; None where the trace does not say."""
+    key_value_widths: tuple[int, int] | None = None
+    """For an attention module: the out-features of its key and of its value projection, where
+    each is a linear of its own (kv heads x the key / value head size)."""
 
 
 @dataclass
@@ -185,8 +185,8 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
                     problems.append(f"{path}: {obs.attention_problem}")
                 if obs.layer_idx is not None:
                     attention_by_layer[obs.layer_idx].append(path)
-                if cf.trace is not None and cf.trace.graph is not None and (out := returned_linear(cf.trace.graph, module)):
-                    obs.output_width = module.get_submodule(out).in_features
+                if cf.trace is not None and cf.trace.graph is not None and (kv := attention_key_value_linears(cf.trace.graph, module)):
+                    obs.key_value_widths = (module.get_submodule(kv[0]).out_features, module.get_submodule(kv[1]).out_features)
         modules.append(obs)
         if cf.trace is not None:
             graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")

@@ -145,35 +145,37 @@ class MLAHeadSize(Rule):
         )]
 
 
-class AttentionOutputWidth(Rule):
+class ValueHeadSize(Rule):
     code = "HFC206"
     name = "attention-value-head-size"
     impact = "blocker"
-    what = "The output projection after attention reads num_heads x head_dim features: values have the head size of queries and keys."
+    what = "Values have the head size of keys: the key and value projections are equally wide."
     why = (
-        "vLLM builds each attention layer with one head size (the config's head_dim) for queries, keys and values "
-        "(the transformers backend passes no separate value head size) and returns num_heads x head_dim features per "
-        "token. A model whose values are wider or narrower (v_head_dim != head_dim) feeds that to an output "
-        "projection of another width and fails at the first forward (\"shape '[-1, 2048]' is invalid for input of "
+        "vLLM builds each attention layer with one head size for queries, keys and values (the transformers "
+        "backend passes no separate value head size), views values as kv_heads x head_dim and returns num_heads x "
+        "head_dim features per token. A model whose values are narrower or wider (v_head_dim != head_dim) fails at "
+        "the first forward: its output projection gets another width (\"shape '[-1, 2048]' is invalid for input of "
         "size 512\", measured on MiMo-V2-Flash with vLLM 0.32). MLA is exempt: vLLM's MLA layer takes v_head_dim."
     )
-    example = "MiMo-V2-Flash: head_dim 192, v_head_dim 128: o_proj reads 64 x 128, vLLM returns 64 x 192"
+    example = "MiMo-V2-Flash: k_proj -> kv_heads x 192, v_proj -> kv_heads x 128"
     fix = "Serve it with vLLM's native implementation where one exists (`--model-impl auto`)."
 
     def check(self, analysis) -> list[Finding]:
-        facts, obs = analysis.facts, analysis.observations
-        if obs is None or facts.uses_mla or not facts.num_heads or not facts.head_dim:
+        obs = analysis.observations
+        if obs is None or analysis.facts.uses_mla:
             return []
-        expected = facts.num_heads * facts.head_dim
-        for m in obs.module_classes(lambda m: m.attention and m.output_width is not None):
-            if m.output_width != expected:
+        judged = obs.module_classes(lambda m: m.attention and m.key_value_widths is not None)
+        for m in judged:
+            keys, values = m.key_value_widths
+            if keys != values:
                 return [self.failed(
-                    f"{m.cls}'s output projection reads {m.output_width} features, but vLLM's attention returns "
-                    f"{facts.num_heads} heads x head_dim {facts.head_dim} = {expected} (values of another head size "
-                    "than queries and keys): vLLM fails at the first forward",
+                    f"{m.cls}'s key projection makes {keys} features and its value projection {values}: values have "
+                    "another head size than keys, and vLLM, which gives both one head size, fails at the first forward",
                     module=m.cls,
                 )]
-        return [self.passed(f"attention output is {facts.num_heads} x {facts.head_dim}, what vLLM's attention returns")]
+        if not judged:
+            return [self.noted("not judged: no attention module whose keys and values come from linears of their own")] if obs.attention_by_layer else []
+        return [self.passed("keys and values have one head size, as vLLM's attention has")]
 
 
 class AttentionArguments(Rule):

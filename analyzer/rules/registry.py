@@ -5,10 +5,10 @@ from __future__ import annotations
 from hfcheck.analyzer.rules.attention import (
     AttentionArguments,
     AttentionCoverage,
-    AttentionOutputWidth,
     EncoderModels,
     MLAHeadSize,
     UnmanagedStateSpace,
+    ValueHeadSize,
 )
 from hfcheck.analyzer.rules.base import Rule
 from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
@@ -47,7 +47,7 @@ RULES: tuple[type[Rule], ...] = (
     AttentionArguments,
     EncoderModels,
     MLAHeadSize,
-    AttentionOutputWidth,
+    ValueHeadSize,
     AttentionProjections,
     GatedMLP,
     RMSNormDetected,
