@@ -306,6 +306,17 @@ def test_router_inputs_vllm_032_drops(tmp_path, monkeypatch, release, status):
         assert "self.e_score_correction_bias" in finding["message"] and report["verdict"] == "blocked"
 
 
+def test_experts_with_more_rows_than_vllms_expert_count(scan_type):
+    # Measured on vLLM 0.32 (CPU build): LongCat-Flash routes among its real and zero-compute
+    # experts, FusedMoE holds the real ones only: "size mismatch, got input (8), mat (8x64), vec (0)".
+    r = scan_type("longcat_flash")
+    (finding,) = check(r, "HFC407")
+    assert finding["status"] == "fail" and "gate_up_proj has" in finding["message"] and "down_proj" not in finding["message"]
+    assert r["verdict"] == "blocked"
+    for model_type in ("qwen3_moe", "deepseek_v3", "mixtral"):
+        assert check(scan_type(model_type), "HFC407")[0]["status"] == "pass", model_type
+
+
 def test_linear_subclass_router_is_lost_to_vllms_linear(scan_type):
     # Measured on vLLM 0.32 (CPU build): PhiMoE's router (an nn.Linear subclass returning three
     # tensors) is replaced by vLLM's linear and the block fails: "too many values to unpack".

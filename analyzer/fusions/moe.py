@@ -44,6 +44,34 @@ def moe_fields_missing(text_config: object, series: str) -> list[str]:
     return missing
 
 
+EXPERT_COUNT_READ_BY = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+"""vLLM's ``get_num_experts``: the first of these the text config has is FusedMoE's expert count."""
+
+
+def vllm_expert_count(text_config: object) -> int | None:
+    for name in EXPERT_COUNT_READ_BY:
+        if hasattr(text_config, name):
+            value = getattr(text_config, name)
+            value = value[0] if isinstance(value, (list, tuple)) and value else value
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return None
+
+
+def expert_count_problem(experts: nn.Module, count: int | None) -> str | None:
+    """FusedMoE holds ``count`` experts and routes ids below it: experts stored with another
+    leading size (LongCat-Flash keeps its zero-compute experts' rows in gate_up_proj, 512 + 256,
+    and routes among all 768) are not what vLLM runs."""
+    if not count:
+        return None
+    rows = {"experts": len(experts)} if isinstance(experts, nn.ModuleList) else {
+        n: p.shape[0] for n, p in experts.named_parameters() if p.ndim == 3}
+    other = {n: r for n, r in rows.items() if r != count}
+    if not other:
+        return None
+    shown = ", ".join(f"{n} has {r}" for n, r in other.items())
+    return f"vLLM builds FusedMoE with {count} experts (the config's expert count), but {shown}"
+
+
 def grouped_top_k(text_config: object) -> bool:
     """vLLM routes with grouped top-k when the config names both ``n_group`` and ``topk_group``."""
     return getattr(text_config, "n_group", None) is not None and getattr(text_config, "topk_group", None) is not None
@@ -174,6 +202,8 @@ class MoEBlock:
     routing_drops: str | None = None
     """What vLLM's routing leaves out of the block's own when it takes the block over (0.32:
     inputs the block passes to its router beside the hidden states), else None."""
+    expert_count_problem: str | None = None
+    """How the experts' own count differs from the one vLLM builds FusedMoE with (``expert_count_problem``)."""
 
 
 def divides_shared_output(dtype: str | None, routed_scaling_factor: float | None) -> bool:

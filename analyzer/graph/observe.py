@@ -13,6 +13,7 @@ attention; MoE blocks; the decoder's ModuleLists; and a networkx graph of module
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -22,7 +23,14 @@ from torch import fx, nn
 from hfcheck.analyzer.fusions.attention import layer_index, scaling_problem, sinks_problem
 from hfcheck.analyzer.fusions.base import FusionContext, Match
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
-from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, MoEBlock, analyse_block, experts_replaceable
+from hfcheck.analyzer.fusions.moe import (
+    EXPERTS_NAME,
+    MoEBlock,
+    analyse_block,
+    expert_count_problem,
+    experts_replaceable,
+    vllm_expert_count,
+)
 from hfcheck.analyzer.graph.nodes import attention_key_value_linears
 
 
@@ -144,6 +152,17 @@ def linear_forward_lost(linear: nn.Linear) -> str | None:
     return None
 
 
+def _vllm_expert_count(model: nn.Module) -> int | None:
+    """The expert count vLLM reads from the instance's own (text) config."""
+    from hfcheck.analyzer.instance import text_config_of
+
+    config = getattr(model, "config", None)
+    try:
+        return vllm_expert_count(text_config_of(config)) if config is not None else None
+    except Exception:  # noqa: BLE001 - a config without a text config: no count to compare with
+        return None
+
+
 def observe(model: nn.Module, ctx: FusionContext) -> Observations:
     graph = nx.DiGraph()
     modules: list[ModuleObservation] = []
@@ -152,6 +171,7 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
     moe_blocks: list[tuple[str, MoEBlock]] = []
     encoder: list[str] = []
     linear_lost: list[tuple[str, str, str]] = []
+    expert_count = _vllm_expert_count(model)
 
     def visit(module: nn.Module, path: str) -> None:
         graph.add_node(path or "<model>", cls=type(module).__name__)
@@ -194,6 +214,8 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
         kept_by_moe: set[str] = set()
         if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
             block = analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)
+            if block.experts_replaceable:
+                block = dataclasses.replace(block, expert_count_problem=expert_count_problem(experts, expert_count))
             moe_blocks.append((path, block))
             if block.block_taken_over and block.gate:
                 kept_by_moe.add(block.gate)  # the router then runs inside vLLM's MoE runner, as written

@@ -80,6 +80,31 @@ class RoutingInputs(Rule):
         return [self.passed("vLLM's routing reads what each block's routing reads")]
 
 
+class ExpertCount(Rule):
+    code = "HFC407"
+    name = "moe-expert-count"
+    impact = "blocker"
+    what = "The replaced experts hold as many experts as the config's expert count, which vLLM builds FusedMoE with."
+    why = (
+        "vLLM sizes FusedMoE from the config (num_experts, moe_num_experts, n_routed_experts or num_local_experts, "
+        "the first present) and runs the router's expert ids against it. Experts stored with more rows (LongCat-Flash "
+        "keeps 256 zero-compute identity experts beside 512 real ones and routes among all 768) give ids FusedMoE "
+        "does not hold: the first forward fails ('size mismatch, got input (8), mat (8x64), vec (0)', measured with "
+        "vLLM 0.32), and the identity experts' share of the output is never added."
+    )
+    example = "LongcatFlashExperts.gate_up_proj: [512 + 256, 2I, H]; n_routed_experts = 512"
+    fix = "Serve it with vLLM's native implementation where one exists (`--model-impl auto`)."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
+            return []
+        wrong = [b for b in obs.moe_classes() if b.experts_replaceable and b.expert_count_problem]
+        if wrong:
+            return [self.failed(f"{b.block_class}.experts ({b.experts_class}): {b.expert_count_problem}") for b in wrong]
+        return [self.passed("every replaced experts module holds the config's expert count")]
+
+
 class CPUBuildRouting(Rule):
     code = "HFC406"
     name = "cpu-build-moe-routing"

@@ -15,6 +15,7 @@ from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNor
 from hfcheck.analyzer.rules.loading import CheckpointLoads, LinearSubclassForward
 from hfcheck.analyzer.rules.moe import (
     CPUBuildRouting,
+    ExpertCount,
     ExpertParallel,
     ExpertsReplaceable,
     InternalRouting,
@@ -54,6 +55,7 @@ RULES: tuple[type[Rule], ...] = (
     ExpertsReplaceable,
     InternalRouting,
     RoutingInputs,
+    ExpertCount,
     CPUBuildRouting,
     MoEConfigFields,
     ExpertParallel,
