@@ -221,6 +221,11 @@ TINY_VOCAB = 128
 
 
 def _set_if_int(obj: Any, name: str, value: int) -> None:
+    """Set an int field; a read-only property (Falcon's head_dim = hidden // heads) follows
+    from the fields it is derived from and is left alone."""
+    prop = getattr(type(obj), name, None)
+    if isinstance(prop, property) and prop.fset is None:
+        return
     if isinstance(getattr(obj, name, None), int) and not isinstance(getattr(obj, name), bool):
         setattr(obj, name, value)
 
