@@ -104,6 +104,7 @@ def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str
     if not rows:
         return []
     a = agreement(rows)
+    loaded = sum(1 for r in rows if r.get("status") == "loaded")
     pct = f"{100 * a['all_agree'] / a['built']:.1f}%" if a["built"] else "n/a"
     return [
         "## Checked against running vLLM",
@@ -112,8 +113,9 @@ def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str
         "`model_impl=\"transformers\"`, random weights, greedy tokens against transformers' `generate`) and compared what "
         f"vLLM logged with hfcheck's prediction for vLLM {version}, made in the same environment. Over the "
         f"{a['built']} types whose small instance built and whose load vLLM attempted, the prediction agrees on "
-        f"**{a['all_agree']} of {a['built']}** ({pct}): the verdict (loads or not) on {a['verdict_agrees']}, and on the "
-        "others every module's fusions, attention and MoE routing and the tokens as well. Column *vLLM ran* below; "
+        f"**{a['all_agree']} of {a['built']}** ({pct}): the verdict (loads or not) on {a['verdict_agrees']}, and for the "
+        f"{loaded} vLLM loaded, every module's logged fusions, attention and MoE routing and the greedy tokens as well. "
+        "Column *vLLM ran* below; "
         "the reasons for each remaining difference are in `scripts/crosscheck/runtime_known_differences.toml`.",
         "",
     ]
