@@ -73,3 +73,31 @@ def test_tiny_mla_ranks_kept():
     inst = build_tiny(facts, cfg)
     text = inst.config.get_text_config()
     assert text.kv_lora_rank == 32 and text.q_lora_rank == 32
+
+
+def test_tiny_keeps_per_layer_overrides_in_proportion():
+    """Gemma 4's global layers override head_dim (512 beside 256): the tiny instance keeps one
+    such layer, with the same 2:1 ratio, and per-layer embeddings small enough to run."""
+    facts, cfg = facts_for("gemma4_text")
+    inst = build_tiny(facts, cfg)
+    assert inst.shrink == "tiny"
+    text = inst.model.config.get_text_config()
+    head_dims = [layer.head_dim for layer in text.per_layer_config]
+    assert head_dims[-1] == 2 * head_dims[0] and set(head_dims[:-1]) == {head_dims[0]}
+    assert inst.layer_types[-1] == "full_attention"
+    assert sum(p.numel() for p in inst.model.parameters()) < 5_000_000
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert inst.model(input_ids=ids).last_hidden_state.shape[:2] == (1, 3)
+
+
+def test_tiny_leaves_read_only_config_properties():
+    from transformers import AutoModelForCausalLM
+
+    from hfcheck.analyzer.instance import shrunk_config
+
+    facts, cfg = facts_for("falcon")  # FalconConfig.head_dim is hidden_size // num_attention_heads
+    small, _ = shrunk_config(facts, cfg, "tiny", head_dim=32)
+    assert small.head_dim == 32 and small.hidden_size < cfg.hidden_size
+    model = AutoModelForCausalLM.from_config(small)
+    assert model.transformer.h[0].self_attention.head_dim == 32

@@ -263,8 +263,10 @@ def _shrink_widths(text: Any, facts: ModelFacts, head_dim: int = TINY_HEAD_DIM) 
             text.head_dim = rope  # transformers' MLA configs use the rope part as head_dim
         if hasattr(text, "qk_head_dim"):
             text.qk_head_dim = head_dim + rope
-    for name in ("vocab_size", "padded_vocab_size"):
+    for name in ("vocab_size", "padded_vocab_size", "vocab_size_per_layer_input"):
         _set_if_int(text, name, TINY_VOCAB)
+    if (getattr(text, "hidden_size_per_layer_input", 0) or 0) > 0:  # Gemma 3n/4 per-layer embeddings; 0 means none
+        text.hidden_size_per_layer_input = head_dim
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         value = getattr(text, name, None)
         if isinstance(value, int) and value >= TINY_VOCAB:
@@ -283,8 +285,33 @@ def shrunk_config(facts: ModelFacts, cfg_obj: Any, shrink: str = "tiny", head_di
     _cut_experts(text, facts)
     _cut_extras(text)
     if shrink == "tiny":
-        _shrink_widths(text, facts, head_dim)
+        if getattr(text, "is_heterogeneous", False):
+            _shrink_heterogeneous(text, facts, head_dim)
+        else:
+            _shrink_widths(text, facts, head_dim)
     return config, n
+
+
+def _shrink_heterogeneous(text: Any, facts: ModelFacts, head_dim: int) -> None:
+    """A config with per-layer overrides (Gemma 4's global layers: head_dim 512 beside 256):
+    the global widths shrink as usual and each override keeps its ratio to the global value,
+    so the small model is as heterogeneous as the real one."""
+    text.allow_global_per_layer_attribute_access = True
+    overrides = copy.deepcopy(text._heterogeneity_spec.per_layer_overrides)
+    names = {name for layer in overrides.values() for name in layer}
+    before = {name: getattr(text, name, None) for name in names}
+    _shrink_widths(text, facts, head_dim)
+    after = {name: getattr(text, name, None) for name in names}
+
+    def scaled(name: str, value: Any) -> Any:
+        old, new = before.get(name), after.get(name)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (value, old, new)) or not old or old == new:
+            return value
+        return max(1, value * new // old)
+
+    kept = text.num_hidden_layers  # already cut to the structural prefix
+    text.per_layer_config = {i: {name: scaled(name, v) for name, v in layer.items()} for i, layer in overrides.items() if i < kept}
+    text.allow_global_per_layer_attribute_access = False
 
 
 def build_tiny(facts: ModelFacts, cfg_obj: Any, device: str = "cpu", seed: int = 0) -> TinyInstance:

@@ -128,7 +128,7 @@ class MLAHeadSize(Rule):
 
         facts = analysis.facts
         if not facts.uses_mla:
-            return [self.noted("no kv_lora_rank: vLLM does not use MLA")]
+            return []  # no kv_lora_rank: vLLM does not use MLA
         size = refused_head_size(facts)
         obs = analysis.observations
         if size is None:

@@ -35,9 +35,12 @@ HEAD_DIM = 32
 MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
 TOKENS = 4
 PROMPT = [3, 17, 5, 9, 11, 2, 7, 13]
-NO_PROCESSOR = re.compile(r"Can't load (image )?processor|Failed to load the processor|Tokenizer has no attribute")
+NO_PROCESSOR = re.compile(r"Can't load (image )?processor|Failed to load the processor|Tokenizer has no attribute"
+                          r"|Could not import module '\w*Processor'")
 """vLLM builds a multimodal model's processor (tokenizer and image processor) at start, even for
-text-only prompts; the random-weight folder has neither, so such a type is not compared."""
+text-only prompts; the random-weight folder has neither, and processors that need torchvision
+cannot be imported in the CPU build's environment (``runtime.environment`` removes the PyPI
+torchvision, which does not match torch's CPU build), so such a type is not compared."""
 
 
 def _first(exc: BaseException) -> str:
