@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,11 @@ def scan_type(tmp_path_factory):
         return cache[key]
 
     return scan
+
+
+def from_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test interrupts like a terminal's Ctrl-C: SIGINT at its
+    default, as a command started from an interactive shell has it, even where the suite itself
+    runs with SIGINT ignored (a background job or nohup, whose children inherit the ignore and
+    whose Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

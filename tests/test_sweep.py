@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import from_a_terminal
 from jsonschema import validate
 from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
@@ -234,7 +235,8 @@ def test_ctrl_c_keeps_finished_results_and_writes_the_atlas(tmp_path):
     hang = model_folder(tmp_path / "hangs")
     cmd = sweep_cmd("type:llama", "type:qwen3", str(hang), "--format", "json", "--jobs", "2", "--timeout", "300", "--atlas", str(tmp_path / "atlas.md"))
     # its own session, so that whatever happens the whole tree can be killed below
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path, HFCHECK_TEST_HANG=str(hang)), cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path, HFCHECK_TEST_HANG=str(hang)), cwd=tmp_path,
+                            start_new_session=True, preexec_fn=from_a_terminal)
     try:
         deadline = time.monotonic() + 300
         while len(cached_results(tmp_path)) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -258,7 +260,8 @@ def test_ctrl_c_keeps_finished_results_and_writes_the_atlas(tmp_path):
 def test_ctrl_c_during_worker_start_up_ends_the_sweep(tmp_path):
     """Ctrl-C of a terminal (SIGINT to the whole process group) while the workers import torch."""
     cmd = sweep_cmd("type:llama", "type:qwen3", "--format", "json", "--jobs", "2", "--no-cache")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path), cwd=tmp_path, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(tmp_path), cwd=tmp_path, start_new_session=True,
+                            preexec_fn=from_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while len([c for c in children(proc.pid) if "spawn_main" in c[1]]) < 2 and time.monotonic() < deadline and proc.poll() is None:

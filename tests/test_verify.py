@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_model
+from conftest import from_a_terminal, write_model
 from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
 MODELS = ["qwen3", "qwen3_moe", "llama", "deepseek_v3", "gemma3_text", "phi3", "olmo2"]
@@ -168,7 +168,7 @@ def test_ctrl_c_ends_every_worker(tmp_path):
         launch(2, task, timeout_s=120)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE, preexec_fn=from_a_terminal)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and (not pids.exists() or len(pids.read_text().split()) < 2):
