@@ -168,6 +168,40 @@ def carry_leading(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseSta
     return new
 
 
+def replace_lines(func: cst.FunctionDef, start: int, end: int, new: list[cst.BaseStatement], module: cst.Module):
+    """``func`` with the statements spanning lines ``start``-``end`` of ``module`` (whole
+    statements, consecutive, of one block) replaced by ``new``; returns (function, how many
+    statements were replaced), or None when the lines are not such a run. ``func`` must be a
+    node of ``module`` (lines come from its positions)."""
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    for block in _blocks(func):
+        body = list(block.body)
+        spans = [(positions[s].start.line, positions[s].end.line) if s in positions else (0, 0) for s in body]
+        first = next((i for i, (lo, _) in enumerate(spans) if lo == start), None)
+        if first is None:
+            continue
+        last = next((i for i in range(first, len(spans)) if spans[i][1] == end), None)
+        if last is None:
+            return None
+        new = [carry_leading(body[first], new[0])] + list(new[1:])
+        return func.deep_replace(block, block.with_changes(body=body[:first] + new + body[last + 1:])), last - first + 1
+    return None
+
+
+def _blocks(node: cst.CSTNode):
+    """Every indented block under ``node``, outermost first."""
+    found: list[cst.IndentedBlock] = []
+
+    class Visitor(cst.CSTVisitor):
+        def visit_IndentedBlock(self, n: cst.IndentedBlock) -> None:
+            found.append(n)
+
+    node.visit(Visitor())
+    return found
+
+
 # ------------------------------------------------------------------ classes and methods
 
 

@@ -313,7 +313,10 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
 
     t0 = time.perf_counter()
     result.path = "rewrite"
+    from hfcheck.porter.port.dataflow import plans
+
     state = PortState(dict(source.code_files), dict(source.config))
+    state.observed = plans(reference.run.result, reference.run.tensors, source.code_files, reference.tiny_config)
     for codemod in CODEMODS:
         codemod().apply(state)
     result.seconds["rewrite"] = round(time.perf_counter() - t0, 2)

@@ -48,6 +48,9 @@ class PortState:
     weight_rules: list[dict[str, Any]] = field(default_factory=list)
     changes: list[Change] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    observed: list[Any] | None = None
+    """What the original did when it ran in its own release: the attention regions its recorded
+    dataflow proved (``porter.port.dataflow`` plans and refusals); None for a static port."""
 
     # ------------------------------------------------------------------ analysis of the current text
 

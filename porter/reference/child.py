@@ -22,6 +22,7 @@ It reads ``ROOT/job.json`` and writes ``ROOT/result.json`` (observations) and
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -32,6 +33,14 @@ import time
 import traceback
 
 PACKAGE = "hfcheck_ref_original"
+
+
+def _load_by_path(name: str, module_name: str):
+    """A helper module next to this file (hfcheck is not installed in the reference env)."""
+    spec = importlib.util.spec_from_file_location(module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _load_fence(path: str):
@@ -212,10 +221,12 @@ def _output(out):
     return out
 
 
-def _tracer(package_dir: str, lines: dict):
+def _tracer(package_dir: str, lines: dict, on_line=None):
     def local(frame, event, arg):
         if event == "line":
             lines.setdefault(frame.f_code.co_filename, set()).add(frame.f_lineno)
+            if on_line is not None:
+                on_line(frame)
         return local
 
     def global_(frame, event, arg):
@@ -331,13 +342,18 @@ def main() -> None:
             calls.append({"name": names.get(id(module), "?"), "inputs": shapes})
 
         hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(record))
+        recorder, mode = None, contextlib.nullcontext()
+        if layers is not None and job.get("dataflow", True):
+            recorder = _load_by_path("record.py", "hfcheck_ref_record").DataflowRecorder(torch, package_dir)
+            mode, more = recorder.attach(model, layers[1][0])
+            hooks.extend(more)
         stage = "running the original forward pass"
         lines: dict = {}
-        tracer = _tracer(package_dir, lines)
+        tracer = _tracer(package_dir, lines, recorder.on_line if recorder is not None else None)
         t0 = time.perf_counter()
         sys.settrace(tracer)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), mode:
                 try:
                     out = model(input_ids=ids, use_cache=False)
                 except TypeError:
@@ -347,6 +363,9 @@ def main() -> None:
             for h in hooks:
                 h.remove()
         result["stages"]["forward_s"] = round(time.perf_counter() - t0, 3)
+        if recorder is not None:
+            result["dataflow"], values = recorder.result()
+            tensors.update(values)
         logits = _output(out)
         tensors["logits"] = logits.detach().float().contiguous()
         for i, value in hidden.items():

@@ -29,6 +29,7 @@ import libcst as cst
 
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.analyzer.remote.checks.attention import attention_by_hand
+from hfcheck.analyzer.remote.index import CodeIndex
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import (
     Codemod,
@@ -90,6 +91,8 @@ class AttentionInterface(Codemod):
     def apply(self, state) -> None:
         tried: set[str] = set()
         ported: set[str] = set()
+        if state.observed is not None:  # the original ran: locate each core by its dataflow
+            tried, ported = self._apply_observed(state)
         while True:
             index = state.index()
             target = None
@@ -179,14 +182,125 @@ class AttentionInterface(Codemod):
         state.change("HFC803", file, where, f"replaced {plan.what} with one attention-interface call", WHY_DISPATCH)
         state.change("HFC801", file, where, f"dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager}) once",
                      "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
+        self._record_init_adds(state, file, owner.name, init_adds)
+
+    # ------------------------------------------------------------------ by dataflow
+
+    def _apply_observed(self, state) -> tuple[set[str], set[str]]:
+        """Rewrite each region the reference run proved to be attention (``porter.port.dataflow``);
+        refuse, at file:line, each it proved is not. Classes whose attention did not run in the
+        recorded layer are left to the statement patterns below."""
+        from hfcheck.porter.port.dataflow import CorePlan
+
+        tried: set[str] = set()
+        ported: set[str] = set()
+        by_file: dict[str, list] = {}
+        for plan in state.observed:
+            tried.add(plan.cls)
+            if isinstance(plan, CorePlan):
+                by_file.setdefault(plan.file, []).append(plan)
+            else:
+                state.refuse(plan.code, plan.file, f"{plan.cls}.forward", f"line {plan.line}: {plan.reason}")
+        for file, file_plans in by_file.items():
+            module = parse(state, file)
+            done = []
+            for plan in sorted(file_plans, key=lambda p: -p.start_line):  # bottom-up: earlier lines keep their numbers
+                index = CodeIndex(dict(state.files, **{file: module.code}))
+                cls = index.files[file].classes.get(plan.cls) if file in index.files else None
+                try:
+                    if cls is None:
+                        raise Refused(f"{plan.cls} is not a class of {file}")
+                    module = self._rewrite_region(state, index, cls, module, plan)
+                    done.append(plan)
+                except Refused as exc:
+                    state.refuse("HFC803", file, f"{plan.cls}.forward", f"line {plan.start_line}: {exc}")
+            if done:
+                module = self._module_level(state, module, file, done[0].cls)
+                save(state, file, module)
+                ported.update(p.cls for p in done)
+        return tried, ported
+
+    def _rewrite_region(self, state, index, cls, module: cst.Module, plan) -> cst.Module:
+        file = plan.file
+        owner = init_owner(index, cls)
+        if owner is None or owner.file != file:
+            raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
+        classdef = cu.top_class(module, plan.cls)
+        func = cu.method(classdef, "forward")
+        init_adds: list[tuple[str, str, str]] = []
+        if not assigned(index, cls, "config"):
+            config_name = init_param_of_config(cu.method(cu.top_class(module, owner.name), "__init__"))
+            if config_name is None:
+                raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
+            init_adds.append(("config", config_name, "start"))
+        scaling = plan.scaling
+        if scaling is None and plan.scaling_init is not None:
+            scaling = self._scaling_attr(index, cls, plan.scaling_init, init_adds)
+        if not assigned(index, cls, "is_causal"):
+            init_adds.append(("is_causal", "True", "end"))
+        kwargs = cu.star_kwargs(func) or "kwargs"
+        taken = cu.names_in(func)
+        iface = "attention_interface" if "attention_interface" not in taken else "attention_fn"
+        weights = plan.weights or ("attn_weights" if "attn_weights" not in taken else "_attn_weights")
+        dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
+        args = ["self", plan.q, plan.k, plan.v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + [f"**{kwargs}"]
+        call = f"{plan.out}, {weights} = {iface}(" + ", ".join(args) + ")\n"
+        if len(call) > 100:
+            call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
+        new = [cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {self._eager_name(module)})\n"),
+               cu.stmt(call)]
+        if plan.out_layout == "bsD":
+            new.append(cu.stmt(f"{plan.out} = {plan.out}.reshape(*{plan.out}.shape[:-2], -1).contiguous()\n"))
+        elif plan.out_layout == "bhsd":
+            new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n"))
+        replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
+        if replaced is None:
+            raise Refused(f"lines {plan.start_line}-{plan.end_line} are not whole statements of one block of forward")
+        new_func, removed = replaced
+        new_func = cu.add_star_kwargs(new_func, kwargs)
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, new_func))
+        for attr, value, position in init_adds:
+            module = add_init_assign(module, owner.name, attr, value, position)
+        where = f"{plan.cls}.forward"
+        state.change("HFC803", file, where,
+                     f"replaced lines {plan.start_line}-{plan.end_line} ({plan.what}; {removed} statement(s)) with one attention-interface call, "
+                     f"proven equal on the original's recorded values (max relative error {plan.max_rel_error:.1e})", WHY_DISPATCH)
+        state.change("HFC801", file, where, f"dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
+                     "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
+        self._record_init_adds(state, file, owner.name, init_adds)
+        return module
+
+    def _module_level(self, state, module: cst.Module, file: str, cls_name: str) -> cst.Module:
+        eager = self._eager_name(module)
+        module = cu.ensure_import(module, "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n", "ALL_ATTENTION_FUNCTIONS")
+        if eager not in cu.bound_names(module):
+            module = cu.ensure_import(module, "import torch\n", "torch")
+            fn = cu.stmt(EAGER.format(name=eager)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            first = next((s.name.value for s in module.body if isinstance(s, cst.ClassDef)), cls_name)
+            module = cu.insert_before_class(module, first, [fn])
+            state.change("HFC801", file, eager, "added the eager fallback of the attention interface (softmax(QK^T)V)",
+                         "get_interface(impl, eager_attention_forward) needs a fallback for attn_implementation='eager'")
+        return module
+
+    def _scaling_attr(self, index, cls, expr: str, init_adds: list) -> str:
+        for attr in ("scaling", "softmax_scale", "attn_scaling"):
+            existing = index.self_assign(cls, attr)
+            if existing is None:
+                init_adds.append((attr, expr, "end"))
+                return f"self.{attr}"
+            if ast.dump(existing[1]) == ast.dump(ast.parse(expr, mode="eval").body):
+                return f"self.{attr}"
+        raise Refused("no free attribute name for the softmax scale")
+
+    def _record_init_adds(self, state, file: str, owner: str, init_adds: list) -> None:
         for attr, value, _ in init_adds:
             if attr == "is_causal":
-                state.change("HFC807", file, f"{owner.name}.__init__", "set self.is_causal = True",
+                state.change("HFC807", file, f"{owner}.__init__", "set self.is_causal = True",
                              "sdpa and vLLM read is_causal to apply the causal mask; an explicit decoder flag")
             elif attr == "config":
-                state.change("HFC801", file, f"{owner.name}.__init__", f"stored self.config = {value}", "the interface is looked up from self.config._attn_implementation")
+                state.change("HFC801", file, f"{owner}.__init__", f"stored self.config = {value}", "the interface is looked up from self.config._attn_implementation")
             else:
-                state.change("HFC802", file, f"{owner.name}.__init__", f"set self.{attr} = {value} (passed as scaling=self.{attr})",
+                state.change("HFC802", file, f"{owner}.__init__", f"set self.{attr} = {value} (passed as scaling=self.{attr})",
                              "vLLM resolves scaling= from the source: it must be a number or a self.<attr>")
 
     # ------------------------------------------------------------------ scaling
