@@ -31,6 +31,9 @@ def add_parser(subparsers) -> None:
     port.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds the proof process may run")
     port.add_argument("--reference-transformers", metavar="VERSION", default=None,
                       help="run the original in this transformers release (default: the transformers_version its config.json declares)")
+    port.add_argument("--path", choices=("auto", "rewrite"), default="auto",
+                      help="auto: retarget to a native class where one reproduces the original, else rewrite in place; "
+                           "rewrite: always rewrite the remote code in place (keeps its extra methods, e.g. chat helpers)")
     port.set_defaults(handler=run)
     serve = subparsers.add_parser("serve", help="smoke-serve a model folder: real OpenAI-compatible server, one greedy completion, compared with transformers")
     serve.add_argument("dir", help="model folder (config.json, weights, tokenizer)")
@@ -69,7 +72,7 @@ def _port(args) -> int:
     try:
         progress = None if args.format == "json" else (lambda line: print(f"port: {line}", file=sys.stderr, flush=True))
         result = port(args.src, args.out, prove=not args.no_verify, rescan=not args.no_rescan, force=args.force, proof_timeout=args.timeout,
-                      reference_transformers=args.reference_transformers, log=progress)
+                      reference_transformers=args.reference_transformers, path=args.path, log=progress)
     except PortError as exc:
         return _fail(str(exc))
     if args.serve and result.status == "ported":

@@ -233,3 +233,110 @@ def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monk
     assert ("4.99.0" in err[0]) if edit == "version" else ("hfcheck-no-such-package-anywhere" in err[0] or "hfcheck_no_such" in err[0])
     assert not (tmp_path / "out").exists() and digest(src) == before
     assert not list(env_root().glob("transformers-4.99.0-*"))  # no half-built environment left
+
+
+# --------------------------------------------------------------------------- in-place rewrite by dataflow
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "region", "what"),
+    [
+        # hand-written softmax(QK^T)V with shape checks that raise, in forward
+        ("internlm-20b", "InternLMAttention", (216, 243), "softmax(QK^T)V written by hand"),
+        # a direct SDPA call in the `alibi is None` branch of an if, multi-query k/v kept as [batch*kv, seq, dim]
+        ("falcon-7b-instruct-rw", "Attention", (276, 285), "scaled_dot_product_attention at modelling_RW.py:279"),
+    ],
+)
+def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, what, tmp_path):
+    """--path rewrite: the attention region the original's recorded dataflow proves is replaced by
+    one interface call; the whole port is proven against the original in its own release and the
+    re-scan says vLLM's transformers backend serves it."""
+    src = REAL / name
+    before = digest(src)
+    code, result = port_json(src, tmp_path / "out", "--path", "rewrite")
+    assert code == 0 and result["status"] == "ported" and result["path"] == "rewrite", result["message"]
+    assert digest(src) == before
+    [change] = [c for c in result["changes"] if c["code"] == "HFC803" and c["where"] == f"{cls}.forward"]
+    assert f"replaced lines {region[0]}-{region[1]} ({what}" in change["what"]
+    assert not [r for r in result["not_ported"] if r["code"] == "HFC803"]
+    for check in ("random weights, eager", "random weights, sdpa"):
+        assert checks(result)[check]["ok"] and checks(result)[check]["max_rel_error"] < 1e-4
+    assert result["served"]["how"] == "transformers-backend" and result["served"]["verdict"] in ("runs", "native-speed")
+    ported = (tmp_path / "out" / change["file"]).read_text()
+    original = (src / change["file"]).read_text().splitlines()
+    assert "\n".join(original[region[0] - 1:region[1]]) not in ported
+    assert "ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)" in ported
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """The reference runs of the real fixtures, with their recorded dataflow (one per model)."""
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.reference.establish import establish
+
+    cache: dict[str, tuple] = {}
+
+    def get(name: str, files: dict[str, str] | None = None):
+        key = name if files is None else f"{name}:{hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}"
+        if key not in cache:
+            source = resolve(str(REAL / name))
+            if files is not None:
+                source.code_files.update(files)
+            cache[key] = (source, establish(source))
+        return cache[key]
+
+    return get
+
+
+def _plans(source, reference):
+    from hfcheck.porter.port.dataflow import plans
+
+    run = reference.run
+    return plans(run.result, run.tensors, source.code_files, reference.tiny_config)
+
+
+def test_qwen_region_spans_the_flash_branch_and_keeps_the_weights_name(recorded):
+    """Qwen v1: the core ran in the `else` of the flash-attention `if`, through SDPA; the region is
+    that whole `if` plus the head merge, q/k/v are read as they were before it (post-RoPE,
+    [batch, seq, heads, dim]) and `attn_weight`, read later for output_attentions, is bound to
+    the interface's weights."""
+    from hfcheck.porter.port.dataflow import CorePlan
+
+    source, reference = recorded("qwen-7b")
+    [plan] = _plans(source, reference)
+    assert isinstance(plan, CorePlan) and plan.cls == "QWenAttention"
+    lines = source.code_files["modeling_qwen.py"].splitlines()
+    assert lines[plan.start_line - 1].strip() == "if (" and "self._merge_heads(" in lines[plan.end_line - 3]
+    assert (plan.q, plan.k, plan.v) == ("query.transpose(1, 2)", "key.transpose(1, 2)", "value.transpose(1, 2)")
+    assert plan.out == "context_layer" and plan.out_layout == "bsD" and plan.weights == "attn_weight"
+    assert plan.mask == "attention_mask" and plan.scaling_init == "self.head_dim**-0.5" and plan.max_rel_error < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("name", "file", "line", "code"),
+    [
+        ("mpt-7b", "attention.py", 32, "attn_weight = attn_weight + attn_bias"),  # in the helper the attention calls
+        ("baichuan2-13b-chat", "modeling_baichuan.py", 196, "attn_weights = attn_weights + attention_mask"),  # ALiBi folded into the mask
+    ],
+)
+def test_dataflow_names_the_position_bias_where_it_is_added(name, file, line, code, recorded):
+    from hfcheck.porter.port.dataflow import CoreRefusal
+
+    source, reference = recorded(name)
+    [refusal] = _plans(source, reference)
+    assert isinstance(refusal, CoreRefusal) and (refusal.file, refusal.line) == (file, line)
+    assert f"`{code}`" in refusal.reason and "position bias" in refusal.reason
+
+
+def test_dataflow_refuses_a_softcap_naming_its_line(recorded):
+    """The same real code with a tanh softcap before the mask: the recorded scores no longer give
+    softmax attention, and the refusal names the tanh's line, not a guess."""
+    from hfcheck.porter.port.dataflow import CoreRefusal
+
+    text = (REAL / "internlm-20b" / "modeling_internlm.py").read_text()
+    old = "        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)\n"
+    assert old in text
+    edited = text.replace(old, old + "        attn_weights = torch.tanh(attn_weights / 5.0) * 5.0\n")
+    source, reference = recorded("internlm-20b", {"modeling_internlm.py": edited})
+    [refusal] = _plans(source, reference)
+    assert isinstance(refusal, CoreRefusal) and refusal.line == 217 and "softcap (tanh)" in refusal.reason

@@ -82,7 +82,7 @@ class PortResult:
 
 def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan: bool = True, force: bool = False,
          proof_timeout: float = 300.0, shard_bytes: int | None = None, reference_transformers: str | None = None,
-         log: Callable[[str], None] | None = None) -> PortResult:
+         path: str = "auto", log: Callable[[str], None] | None = None) -> PortResult:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.facts import FactsError, collect_facts
     from hfcheck.analyzer.remote import has_remote_code, static_findings
@@ -152,10 +152,10 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     from hfcheck.porter.port.retarget_path import find_retarget
 
     t1 = time.perf_counter()
-    outcome = find_retarget(reference)
+    outcome = find_retarget(reference) if path == "auto" else None
     result.seconds["retarget_search"] = round(time.perf_counter() - t1, 2)
-    result.retarget = outcome.to_dict()
-    if outcome.found is not None:
+    result.retarget = outcome.to_dict() if outcome is not None else {"skipped": "--path rewrite"}
+    if outcome is not None and outcome.found is not None:
         _port_by_retarget(result, outcome, reference, source, out_dir, shard_bytes=shard_bytes, prove=prove)
         result.seconds["total"] = round(time.perf_counter() - t0, 2)
         _write_reports(result, None, source, None, out_dir)
@@ -165,7 +165,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     bias = position_bias(reference, source)
     if bias:
         result.path = "refused"
-        equal = [s for s in outcome.search.skipped if "computes the same function" in s]
+        equal = [s for s in outcome.search.skipped if "computes the same function" in s] if outcome is not None else []
         result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
                           + (f". {equal[0]}" if equal else ""))
         result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]

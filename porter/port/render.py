@@ -106,7 +106,9 @@ def _shrunk(cfg: dict[str, Any]) -> str:
 def _retarget_md(result) -> list[str]:
     rt = result.retarget
     lines = ["## Retarget", ""]
-    if rt.get("target"):
+    if rt.get("skipped"):
+        lines += [f"Not searched ({rt['skipped']}): the remote code is rewritten in place.", ""]
+    elif rt.get("target"):
         lines += [f"Target: transformers' `{rt['target']}` (model_type `{rt['model_type']}`), chosen because its logits equal the "
                   "original's on the reference run's weights (see Proof) and vLLM serves it.", "",
                   "| reading | chosen |", "|---|---|"]

@@ -54,6 +54,10 @@ class BackendFlag(Codemod):
                     last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
                     body.insert(last + 1, cu.stmt("_supports_attention_backend = True\n"))
                 changed.append("set _supports_attention_backend = True")
+                if index.class_attr(root, "_supports_sdpa") is None:  # every attention now dispatches: sdpa is one more backend
+                    last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
+                    body.insert(last + 1, cu.stmt("_supports_sdpa = True\n"))
+                    changed.append("set _supports_sdpa = True")
             if changed:
                 save(state, root.file, cu.replace_top(module, cls, cu.with_body(cls, body)))
                 state.change("HFC805", root.file, root.name, "; ".join(changed),
