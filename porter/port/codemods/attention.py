@@ -265,7 +265,7 @@ class AttentionInterface(Codemod):
         state.change("HFC803", file, where,
                      f"replaced lines {plan.start_line}-{plan.end_line} ({plan.what}; {removed} statement(s)) with one attention-interface call, "
                      f"proven equal on the original's recorded values (max relative error {plan.max_rel_error:.1e})", WHY_DISPATCH)
-        state.change("HFC801", file, where, f"dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
+        state.change("HFC801", file, where, "dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
                      "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
         self._record_init_adds(state, file, owner.name, init_adds)
         return module
