@@ -239,15 +239,19 @@ def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monk
 
 
 @pytest.mark.parametrize(
-    ("name", "cls", "region", "what"),
+    ("name", "cls", "region", "what", "also"),
     [
         # hand-written softmax(QK^T)V with shape checks that raise, in forward
-        ("internlm-20b", "InternLMAttention", (216, 243), "softmax(QK^T)V written by hand"),
+        ("internlm-20b", "InternLMAttention", (216, 243), "softmax(QK^T)V written by hand", ()),
         # a direct SDPA call in the `alibi is None` branch of an if, multi-query k/v kept as [batch*kv, seq, dim]
-        ("falcon-7b-instruct-rw", "Attention", (276, 285), "scaled_dot_product_attention at modelling_RW.py:279"),
+        ("falcon-7b-instruct-rw", "Attention", (276, 285), "scaled_dot_product_attention at modelling_RW.py:279", ()),
+        # the flash-attention `if` / SDPA / `_attn` helper branches, one region; the flash class it no
+        # longer calls is removed, and a function-local import vLLM's environment lacks is guarded
+        ("qwen-7b", "QWenAttention", (492, 538), "scaled_dot_product_attention at modeling_qwen.py:528",
+         ("removed FlashSelfAttention and self.core_attention_flash", "guarded the import inside a function `from transformers_stream_generator")),
     ],
 )
-def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, what, tmp_path):
+def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, what, also, tmp_path):
     """--path rewrite: the attention region the original's recorded dataflow proves is replaced by
     one interface call; the whole port is proven against the original in its own release and the
     re-scan says vLLM's transformers backend serves it."""
@@ -266,6 +270,8 @@ def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, w
     original = (src / change["file"]).read_text().splitlines()
     assert "\n".join(original[region[0] - 1:region[1]]) not in ported
     assert "ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)" in ported
+    for text in also:
+        assert any(text in c["what"] for c in result["changes"]), text
 
 
 @pytest.fixture(scope="module")

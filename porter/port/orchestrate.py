@@ -317,6 +317,7 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
 
     state = PortState(dict(source.code_files), dict(source.config))
     state.observed = plans(reference.run.result, reference.run.tensors, source.code_files, reference.tiny_config)
+    state.built_classes = {m["class"] for m in reference.run.result.get("modules", [])}
     for codemod in CODEMODS:
         codemod().apply(state)
     result.seconds["rewrite"] = round(time.perf_counter() - t0, 2)

@@ -93,6 +93,7 @@ class AttentionInterface(Codemod):
         ported: set[str] = set()
         if state.observed is not None:  # the original ran: locate each core by its dataflow
             tried, ported = self._apply_observed(state)
+            tried |= self._drop_unbuilt(state, ported)
         while True:
             index = state.index()
             target = None
@@ -219,6 +220,74 @@ class AttentionInterface(Codemod):
                 save(state, file, module)
                 ported.update(p.cls for p in done)
         return tried, ported
+
+    def _drop_unbuilt(self, state, ported: set[str]) -> set[str]:
+        """Attention classes the original never built (Qwen's ``FlashSelfAttention``: only with
+        flash_attn on a CUDA machine) and that nothing calls once the rewritten ``forward`` no longer
+        takes their branch: their ``self.x = Cls(...)`` and the class itself are removed. Returns
+        the classes removed."""
+        if not ported or state.built_classes is None:
+            return set()
+        removed: set[str] = set()
+        index = state.index()
+        for cls in index.classes:
+            forward = cls.methods.get("forward")
+            if (cls.name in state.built_classes or cls.name in ported or forward is None or index.is_pretrained_model(cls)
+                    or attention_by_hand(index.file_of(cls), forward) is None):
+                continue
+            if self._remove_class(state, cls):
+                removed.add(cls.name)
+        return removed
+
+    def _remove_class(self, state, cls) -> bool:
+        """Remove ``cls`` and the ``self.<attr> = cls(...)`` that build it, when no other code
+        names the class or reads those attributes."""
+        texts = dict(state.files)
+        attrs: set[str] = set()
+        for text in texts.values():
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                        and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"
+                        and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and node.value.func.id == cls.name):
+                    attrs.add(node.targets[0].attr)
+        for text in texts.values():
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr in attrs and isinstance(node.ctx, ast.Load):
+                    return False
+                if isinstance(node, ast.Name) and node.id == cls.name and not _builds(tree, node, cls.name):
+                    return False
+
+        class Drop(cst.CSTTransformer):
+            def leave_SimpleStatementLine(self, original, updated):
+                small = cu.simple(updated)
+                if isinstance(small, cst.Assign) and len(small.targets) == 1 and cu.is_self_attr(small.targets[0].target) \
+                        and small.targets[0].target.attr.value in attrs and isinstance(small.value, cst.Call) \
+                        and cu.code(small.value.func) == cls.name:
+                    return cst.RemovalSentinel.REMOVE
+                return updated
+
+            def leave_If(self, original, updated):
+                if isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and updated.orelse is None:
+                    return cst.RemovalSentinel.REMOVE
+                if isinstance(updated.body, cst.IndentedBlock) and not updated.body.body:
+                    return updated.with_changes(body=updated.body.with_changes(body=[cu.stmt("pass\n")]))
+                return updated
+
+            def leave_ClassDef(self, original, updated):
+                return cst.RemovalSentinel.REMOVE if updated.name.value == cls.name else updated
+
+        for file in texts:
+            module = parse(state, file)
+            new = module.visit(Drop())
+            if new.code != module.code:
+                save(state, file, new)
+        state.change("HFC803", cls.file, cls.name,
+                     f"removed {cls.name} and {', '.join(f'self.{a}' for a in sorted(attrs)) or 'nothing else'}: the original never built it in its "
+                     "own run, and once the attention was rewritten nothing called it",
+                     "a class computing attention outside the interface makes the model count as not dispatching; this one was dead code")
+        return True
 
     def _rewrite_region(self, state, index, cls, module: cst.Module, plan) -> cst.Module:
         file = plan.file
@@ -487,6 +556,15 @@ class AttentionInterface(Codemod):
                 for table, cls in sorted(set(changed)):
                     state.change("HFC801", file, table, f"builds {cls} directly instead of looking it up in {table}[config._attn_implementation]",
                                  f"vLLM sets _attn_implementation='vllm', which is not a key of {table}; every backend now goes through the interface")
+
+
+def _builds(tree: ast.Module, name_node: ast.Name, cls_name: str) -> bool:
+    """Is this use of the class name its definition's own name, or ``self.x = Cls(...)``?"""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.func is name_node
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------- expression patterns

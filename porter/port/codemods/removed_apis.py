@@ -222,6 +222,60 @@ class RemovedApis(Codemod):
         module = module.with_changes(body=out)
         if need_flag:
             module = cu.ensure_import(module, "from transformers.utils import is_flash_attn_2_available\n", "is_flash_attn_2_available")
+        return self._lazy_imports(state, file, module)
+
+    def _lazy_imports(self, state, file: str, module: cst.Module) -> cst.Module:
+        """An unguarded import inside a function (Qwen's ``chat_stream`` importing
+        transformers_stream_generator) of a package vLLM's environment lacks: check_imports reads
+        it all the same and refuses the whole file. Guarded, the file loads; the function raises
+        the same ImportError, with the package to install, only when it is called."""
+        from hfcheck.analyzer.remote.serving import serving_environment
+
+        env = serving_environment()
+        done: list[str] = []
+
+        class Guard(cst.CSTTransformer):
+            def __init__(self) -> None:
+                self.depth = 0
+                self.in_try = 0
+
+            def visit_FunctionDef(self, node) -> None:
+                self.depth += 1
+
+            def leave_FunctionDef(self, original, updated):
+                self.depth -= 1
+                return updated
+
+            def visit_Try(self, node) -> None:
+                self.in_try += 1
+
+            def leave_Try(self, original, updated):
+                self.in_try -= 1
+                return updated
+
+            def leave_SimpleStatementLine(self, original, updated):
+                if not self.depth or self.in_try or len(updated.body) != 1:
+                    return updated
+                small = updated.body[0]
+                top = None
+                if isinstance(small, cst.ImportFrom) and not small.relative and small.module is not None:
+                    top = (cu.dotted(small.module) or "").split(".")[0]
+                elif isinstance(small, cst.Import):
+                    top = (cu.dotted(small.names[0].name) or "").split(".")[0]
+                if not top or env.provides(top):
+                    return updated
+                done.append(f"`{cu.code(small).strip()}`")
+                plain = updated.with_changes(leading_lines=[])
+                raise_ = cu.stmt(f'raise ImportError("this method needs the {top} package: pip install {top}") from exc\n')
+                return cst.Try(body=cst.IndentedBlock(body=[plain]),
+                               handlers=[cst.ExceptHandler(body=cst.IndentedBlock(body=[raise_]), type=cst.Name("ImportError"),
+                                                           name=cst.AsName(name=cst.Name("exc")))],
+                               leading_lines=updated.leading_lines)
+
+        module = module.visit(Guard())
+        for what in done:
+            state.change("HFC812", file, "imports", f"guarded the import inside a function {what} with try/except ImportError (re-raised when called)",
+                         "transformers' check_imports reads imports inside functions too and refuses to load the file when the package is missing")
         return module
 
 
