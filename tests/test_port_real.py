@@ -244,11 +244,14 @@ def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monk
         # hand-written softmax(QK^T)V with shape checks that raise, in forward
         ("internlm-20b", "InternLMAttention", (216, 243), "softmax(QK^T)V written by hand", ()),
         # a direct SDPA call in the `alibi is None` branch of an if, multi-query k/v kept as [batch*kv, seq, dim]
-        ("falcon-7b-instruct-rw", "Attention", (276, 285), "scaled_dot_product_attention at modelling_RW.py:279", ()),
+        # (its packed query_key_value, cut by a helper's view and slices, becomes the .split vLLM fuses)
+        ("falcon-7b-instruct-rw", "Attention", (276, 285), "scaled_dot_product_attention at modelling_RW.py:279",
+         ("lines 242-245: the cut of self.query_key_value's output -> .split((self.q_size, self.kv_size, self.kv_size), dim=-1)",)),
         # the flash-attention `if` / SDPA / `_attn` helper branches, one region; the flash class it no
         # longer calls is removed, and a function-local import vLLM's environment lacks is guarded
         ("qwen-7b", "QWenAttention", (492, 538), "scaled_dot_product_attention at modeling_qwen.py:528",
-         ("removed FlashSelfAttention and self.core_attention_flash", "guarded the import inside a function `from transformers_stream_generator")),
+         ("removed FlashSelfAttention and self.core_attention_flash", "guarded the import inside a function `from transformers_stream_generator",
+          "lines 416-418: the cut of self.c_attn's output -> .split((self.q_size, self.kv_size, self.kv_size), dim=-1)")),
     ],
 )
 def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, what, also, tmp_path):
@@ -272,6 +275,9 @@ def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, w
     assert "ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)" in ported
     for text in also:
         assert any(text in c["what"] for c in result["changes"]), text
+    rows = {r["code"]: r for r in result["rescan"]}
+    if any("the cut of" in text for text in also):  # the packed projection now fuses (vLLM's packed_qkv)
+        assert rows["HFC301"]["after"] == "pass" and rows["HFC813"]["after"] == "pass"
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,25 @@ class CorePlan:
     what: str
     max_rel_error: float
     notes: list[str] = field(default_factory=list)
+    split: SplitPlan | CoreRefusal | None = None  # the packed q/k/v projection feeding it, if any
+
+
+@dataclass
+class SplitPlan:
+    """A packed q/k/v projection whose output rows are [q | k | v] (found by matching the recorded
+    values column by column, whatever the idiom that cut it): the statements that cut it become
+    one ``.split((self.q_size, self.kv_size, self.kv_size), dim=-1)`` and views, the form vLLM
+    shards and fuses. The weights do not change."""
+
+    packed: str  # the attribute of the packed nn.Linear
+    packed_var: str  # what the split reads: the projection call itself, or the variable holding its output
+    start_line: int
+    end_line: int
+    names: tuple[str, str, str]  # the variables q, k and v are bound to at the end of the cut
+    views: tuple[str, str, str]  # each one's layout: "bsD" | "bshd" | "bhsd"
+    q_size: str
+    kv_size: str  # __init__ expressions
+    head_attr: str | None
 
 
 @dataclass
@@ -419,8 +438,13 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     dropout = _dropout(g, core, frame["self_module"])
     what = (f"scaled_dot_product_attention at {core_file}:{core_line}" if core.kind == "sdpa"
             else f"softmax(QK^T)V written by hand ({core_file}:{g.where(core.softmax_op)[1]})")
-    return CorePlan(cls, file, _span(block[start])[0], _span(region[-1])[1], call_line, exprs[0], exprs[1], exprs[2], out_name, layouts[3],
+    plan = CorePlan(cls, file, _span(block[start])[0], _span(region[-1])[1], call_line, exprs[0], exprs[1], exprs[2], out_name, layouts[3],
                     weights, mask, scaling, scaling_init, dropout, what, err)
+    try:
+        plan.split = _split_plan(g, frame, uid, text, func, (q_node, k_node, v_node), scalars, _span(block[start])[0])
+    except _Refuse as exc:
+        plan.split = CoreRefusal(exc.cls, exc.file, exc.line, "HFC813", exc.reason)
+    return plan
 
 
 def _refuser(cls: str, file: str):
@@ -437,7 +461,7 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
 # ---------------------------------------------------------------------- the numerical proof
 
 
-def _candidates(shape: list[int], batch: int, seq: int) -> list[str]:
+def _candidates(shape: list[int], batch: int, seq: int, merged_batch: bool = False) -> list[str]:
     if len(shape) == 4:
         out = []
         if shape[0] == batch and shape[2] == seq:
@@ -447,14 +471,18 @@ def _candidates(shape: list[int], batch: int, seq: int) -> list[str]:
         return out
     if len(shape) == 3 and shape[0] == batch and shape[1] == seq:
         return ["bsD"]
+    if merged_batch and len(shape) == 3 and shape[0] % batch == 0 and shape[0] > batch and shape[1] == seq:
+        return ["Bsd"]  # [batch * heads, seq, head_dim]
     return []
 
 
-def _as_bhsd(t, layout: str, head_dim: int):
+def _as_bhsd(t, layout: str, head_dim: int, batch: int | None = None):
     if layout == "bhsd":
         return t
     if layout == "bshd":
         return t.transpose(1, 2)
+    if layout == "Bsd":
+        return t.reshape(batch, -1, t.shape[1], t.shape[2])
     return t.reshape(t.shape[0], t.shape[1], -1, head_dim).transpose(1, 2)
 
 
@@ -640,4 +668,169 @@ def _dropout(g: Dataflow, core: Core, owner: str | None) -> str | None:
             rest = m["name"][len(owner) + 1:]
             if rest.isidentifier():
                 return f"self.{rest}.p"
+    return None
+
+
+# ---------------------------------------------------------------------- packed q/k/v projections
+
+
+def _split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.FunctionDef, boundary: tuple[int, int, int],
+                scalars: dict[str, Any], region_start: int) -> SplitPlan | None:
+    owner = frame["self_module"] or ""
+    refuse = _refuser(frame["self_class"], frame["file"])
+    feeding = []
+    for m in g.df["modules"]:
+        if m["linear"] and m["name"].startswith(owner + ".") and m["out"]:
+            out = m["out"][0]
+            hits = [b for b in boundary if out in g.ancestors(b)]
+            if len(hits) >= 2:
+                feeding.append(m)
+    if not feeding:
+        return None
+    m = feeding[0]
+    attr = m["name"][len(owner) + 1:]
+    if not attr.isidentifier():
+        return None
+    packed = m["out"][0]
+    call_line = m["at"][0][1]
+    # the cut: walking from the packed output towards each of q, k, v, the first variable of
+    # forward reached through reshapes and slices alone (what the split statement binds)
+    in_frame = {v for u, _l, _n, names in g.df["lines"] if u == uid for v in names.values() if v is not None}
+    cut = []
+    for b in boundary:
+        path = _path(g, packed, b)
+        if path is None:
+            raise refuse(call_line, f"self.{attr} does not feed all of q, k and v")
+        last = packed
+        for node in path[1:]:
+            if g.ops[g.producer[node]]["op"] not in LAYOUT - {"cat"}:
+                break
+            if node in in_frame:
+                last = node
+                break
+        if last == packed:
+            raise refuse(call_line, f"q, k and v are cut from self.{attr}'s output with arithmetic, not reshapes and slices alone")
+        cut.append(last)
+    pv = g.value(packed)
+    values = [g.value(n) for n in cut]
+    if pv is None or any(v is None for v in values):
+        return None
+    head_dim = g.shape(boundary[0])[-1]
+    batch, seq = pv.shape[0], pv.shape[1]
+    columns = []
+    layouts = []
+    for value in values:
+        found = None
+        for layout in _candidates(list(value.shape), batch, seq, merged_batch=True) + ["bhsd"] * (len(value.shape) == 4):
+            try:
+                flat = _as_bhsd(value.double(), layout, head_dim, batch).transpose(1, 2).reshape(batch, seq, -1)
+            except RuntimeError:
+                continue
+            idx = _columns(pv.double(), flat)
+            if idx is not None:
+                found = (layout, idx)
+                break
+        if found is None:
+            raise refuse(call_line, f"q, k or v is not a plain slice of self.{attr}'s output (columns do not match)")
+        layouts.append(found[0])
+        columns.append(found[1])
+    q_cols, k_cols, v_cols = columns
+    contiguous = q_cols == list(range(len(q_cols))) and k_cols == list(range(len(q_cols), len(q_cols) + len(k_cols))) \
+        and v_cols == list(range(len(q_cols) + len(k_cols), len(q_cols) + 2 * len(k_cols)))
+    if not contiguous:
+        raise refuse(call_line, f"self.{attr}'s output rows are not laid out as [q | k | v] (per-head or per-group interleaving); "
+                                "a .split needs the rows reordered in the checkpoint, which this port does not do")
+    # the statements that cut it: after the one calling the projection, up to the one binding the last cut value
+    located = _block_of(func.body, call_line)
+    if located is None:
+        return None
+    block, p_idx = located
+    events = [(line, names) for u, line, _n, names in g.df["lines"] if u == uid]
+    packed_var = None
+    for line, names in events:
+        if line > _span(block[p_idx])[1]:
+            packed_var = next((n for n, v in names.items() if v == packed), None)
+            break
+    if packed_var is None:
+        raise refuse(call_line, f"self.{attr}(...) is not assigned to a variable")
+    bound_at: dict[int, tuple[int, str]] = {}
+    for i in range(p_idx + 1, len(block)):
+        lo, hi = _span(block[i])
+        after = next((names for line, names in events if line > hi), None)
+        if after is None:
+            break
+        for n in cut:
+            if n not in bound_at:
+                name = next((k for k, v in after.items() if v == n), None)
+                if name is not None:
+                    bound_at[n] = (i, name)
+        if len(bound_at) == 3:
+            break
+    if len(bound_at) != 3:
+        raise refuse(call_line, "q, k and v are not each held by a variable right after the cut")
+    end = max(i for i, _ in bound_at.values())
+    if _span(block[end])[1] >= region_start:
+        return None
+    ran = {i for i, op in enumerate(g.ops) for u, line in op["at"] if u == uid and _span(block[p_idx + 1])[0] <= line <= _span(block[end])[1]}
+    if any(g.ops[i]["op"] not in LAYOUT for i in ran):
+        raise refuse(_span(block[p_idx + 1])[0], "the statements that cut the packed output also compute something else")
+    names = tuple(bound_at[n][1] for n in cut)
+    stores = _binds(block[p_idx + 1:end + 1]) - set(names)
+    later = [s for s in func.body if _span(s)[0] > _span(block[end])[1]] + list(block[end + 1:])
+    if any(_live(n, later) for n in stores):
+        raise refuse(_span(block[p_idx + 1])[0], "the statements that cut the packed output bind other variables used later")
+    heads = _attr_of(scalars, len(q_cols) // head_dim, ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_head"))
+    kv = len(k_cols) // head_dim
+    kv_attr = heads if kv == len(q_cols) // head_dim else _attr_of(scalars, kv, ("num_kv", "num_key_value_heads", "num_kv_heads", "n_kv_heads",
+                                                                                     "num_key_value_groups", "kv_heads"))
+    head_attr = _head_attr(head_dim, scalars)
+    if heads is None or head_attr is None or (kv_attr is None and kv != 1):
+        raise refuse(call_line, "the module keeps no attributes for its head count, key/value head count and head size")
+    q_size = f"{heads} * {head_attr}"
+    kv_size = f"{kv_attr} * {head_attr}" if kv_attr else head_attr
+    # vLLM finds the split by the projection's attribute inside the split's receiver: fold
+    # `x = self.<packed>(h)` into it when x is used nowhere else
+    start, receiver = p_idx + 1, packed_var
+    call = block[p_idx]
+    if (isinstance(call, ast.Assign) and len(call.targets) == 1 and isinstance(call.targets[0], ast.Name)
+            and call.targets[0].id == packed_var and isinstance(call.value, ast.Call) and len(call.value.args) == 1
+            and not call.value.keywords and not _live(packed_var, list(block[end + 1:]) + later)):
+        start, receiver = p_idx, ast.get_source_segment(text, call.value) or packed_var
+    return SplitPlan(attr, receiver, _span(block[start])[0], _span(block[end])[1], names, tuple(layouts), q_size, kv_size, head_attr)
+
+
+def _path(g: Dataflow, src: int, dst: int) -> list[int] | None:
+    """Value nodes from ``src`` to ``dst`` along first inputs (the data path of a layout chain)."""
+    chain = [dst]
+    cur = dst
+    for _ in range(400):
+        if cur == src:
+            return list(reversed(chain))
+        p = g.producer.get(cur)
+        if p is None or not g.ops[p]["in"]:
+            return None
+        cur = g.ops[p]["in"][0]
+        chain.append(cur)
+    return None
+
+
+def _columns(packed, flat) -> list[int] | None:
+    """For each column of ``flat`` [b, s, n], the column of ``packed`` [b, s, N] equal to it."""
+    if packed.shape[:2] != flat.shape[:2]:
+        return None
+    p = packed.reshape(-1, packed.shape[-1]).T  # [N, b*s]
+    f = flat.reshape(-1, flat.shape[-1]).T
+    out = []
+    for col in f:
+        hit = ((p - col).abs().max(dim=1).values == 0).nonzero()
+        if hit.numel() != 1:
+            return None
+        out.append(int(hit[0]))
+    return out
+
+
+def _attr_of(scalars: dict[str, Any], value: int, preferred: tuple[str, ...]) -> str | None:
+    for name in preferred:
+        if scalars.get(name) == value and not isinstance(scalars.get(name), bool):
+            return f"self.{name}"
     return None

@@ -328,6 +328,7 @@ class AttentionInterface(Codemod):
         new_func, removed = replaced
         new_func = cu.add_star_kwargs(new_func, kwargs)
         module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, new_func))
+        module = self._split_packed(state, index, cls, module, plan, init_adds)
         for attr, value, position in init_adds:
             module = add_init_assign(module, owner.name, attr, value, position)
         where = f"{plan.cls}.forward"
@@ -337,6 +338,43 @@ class AttentionInterface(Codemod):
         state.change("HFC801", file, where, "dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
                      "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
         self._record_init_adds(state, file, owner.name, init_adds)
+        return module
+
+    def _split_packed(self, state, index, cls, module: cst.Module, plan, init_adds: list) -> cst.Module:
+        """The packed q/k/v projection's cut (lines above the attention region, so unmoved)
+        becomes ``.split((self.q_size, self.kv_size, self.kv_size), dim=-1)`` plus views."""
+        from hfcheck.porter.port.dataflow import SplitPlan
+
+        split = plan.split
+        if split is None:
+            return module
+        if not isinstance(split, SplitPlan):
+            state.refuse("HFC813", split.file, f"{plan.cls}.forward", f"line {split.line}: {split.reason}")
+            return module
+        q, k, v = split.names
+        new = [cu.stmt(f"{q}, {k}, {v} = {split.packed_var}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)\n")]
+        for name, layout in zip(split.names, split.views):
+            if layout == "bshd":
+                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr})\n"))
+            elif layout == "bhsd":
+                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2)\n"))
+            elif layout == "Bsd":
+                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2).flatten(0, 1)\n"))
+        classdef = cu.top_class(module, plan.cls)
+        func = cu.method(classdef, "forward")
+        replaced = cu.replace_lines(func, split.start_line, split.end_line, new, module)
+        if replaced is None:
+            state.refuse("HFC813", plan.file, f"{plan.cls}.forward", f"lines {split.start_line}-{split.end_line} are not whole statements of one block")
+            return module
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, replaced[0]))
+        for attr, value in (("q_size", split.q_size), ("kv_size", split.kv_size)):
+            if not assigned(index, cls, attr):
+                init_adds.append((attr, value, "end"))
+        state.change("HFC813", plan.file, f"{plan.cls}.forward",
+                     f"lines {split.start_line}-{split.end_line}: the cut of self.{split.packed}'s output -> "
+                     f".split((self.q_size, self.kv_size, self.kv_size), dim=-1) (its rows are [q | k | v]: matched column by column "
+                     "on the recorded run; no weight change)",
+                     "vLLM shards and fuses a packed projection only when it reads this split")
         return module
 
     def _module_level(self, state, module: cst.Module, file: str, cls_name: str) -> cst.Module:
@@ -368,6 +406,8 @@ class AttentionInterface(Codemod):
                              "sdpa and vLLM read is_causal to apply the causal mask; an explicit decoder flag")
             elif attr == "config":
                 state.change("HFC801", file, f"{owner}.__init__", f"stored self.config = {value}", "the interface is looked up from self.config._attn_implementation")
+            elif attr in ("q_size", "kv_size"):
+                state.change("HFC813", file, f"{owner}.__init__", f"set self.{attr} = {value}", "the sizes the packed split reads")
             else:
                 state.change("HFC802", file, f"{owner}.__init__", f"set self.{attr} = {value} (passed as scaling=self.{attr})",
                              "vLLM resolves scaling= from the source: it must be a number or a self.<attr>")

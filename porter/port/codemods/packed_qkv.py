@@ -28,7 +28,10 @@ class PackedQKV(Codemod):
 
     def apply(self, state) -> None:
         index, roles = state.roles()
+        observed = {p.cls for p in state.observed or []}
         for _name, (cls, attr) in roles.attention.items():
+            if cls.name in observed:
+                continue  # decided on the original's recorded dataflow (codemods/attention.py)
             linears = {a: v for a, assigns in cls.self_assigns.items() for v, _, m in assigns if m == "__init__" and _is_linear(v)}
             if any(re.fullmatch(r"(q|query)(_proj)?", a) for a in linears):
                 continue
