@@ -8,7 +8,10 @@ peak resident memory of its whole process tree, reference and proof children inc
   against it;
 - ``ckpt``: a small copy with a random checkpoint in the original's own tensor names (made by
   the original code in its own release), so the checkpoint is converted and the proof also
-  runs on those "real" weights.
+  runs on those "real" weights;
+- ``inpl``: the published folder again with ``--path rewrite``: no retarget, the remote code is
+  rewritten in place (attention regions and packed projections located by the original's
+  recorded dataflow), proven the same way, and re-scanned.
 
 Reference environments are built first (once; their build time is printed apart), so the
 port times are what a user with a warm cache sees.
@@ -46,8 +49,8 @@ def measured(argv: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
-def port(src: Path, out: Path) -> dict:
-    run = measured([sys.executable, "-m", "hfcheck", "port", str(src), "--out", str(out), "--format", "json"])
+def port(src: Path, out: Path, *extra: str) -> dict:
+    run = measured([sys.executable, "-m", "hfcheck", "port", str(src), "--out", str(out), "--format", "json", *extra])
     try:
         result = json.loads(run["stdout"])
     except ValueError:
@@ -58,7 +61,8 @@ def port(src: Path, out: Path) -> dict:
     return {
         "status": result.get("status"), "path": result.get("path"), "target": (result.get("retarget") or {}).get("target"),
         "max_rel_error": max(rels) if rels else None, "checks": len(checks), "checks_ok": sum(1 for c in checks if c.get("ok")),
-        "served": served.get("how") or ("-" if result.get("status") != "refused" else "refused"),
+        "served": (served.get("how") or ("-" if result.get("status") != "refused" else "refused"))
+        + (f" {served['verdict']} {served['score']}" if served.get("how") == "transformers-backend" else ""),
         "served_summary": served.get("summary") or result.get("message", "")[:200],
         "seconds": round(run["wall_s"], 1), "peak_rss_mib": round(run["peak_rss_bytes"] / 2**20), "rc": run["rc"],
         "reference": (result.get("reference") or {}).get("transformers"),
@@ -94,12 +98,13 @@ def main() -> int:
             rows.append({"model": name, "run": "full", **port(REAL / name, Path(tmp) / f"{name}-out")})
             sample = write_sample(REAL / name, Path(tmp) / f"{name}-small")
             rows.append({"model": name, "run": "ckpt", **port(sample, Path(tmp) / f"{name}-small-out")})
-    head = f"{'model':24} {'run':4} {'path':9} {'target':18} {'max rel err':>11} {'proof':>6} {'vLLM serves':21} {'seconds':>7} {'peak RSS':>9}"
+            rows.append({"model": name, "run": "inpl", **port(REAL / name, Path(tmp) / f"{name}-inplace-out", "--path", "rewrite")})
+    head = f"{'model':24} {'run':4} {'path':9} {'target':18} {'max rel err':>11} {'proof':>6} {'vLLM serves':31} {'seconds':>7} {'peak RSS':>9}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in rows:
         rel = f"{r['max_rel_error']:.1e}" if r["max_rel_error"] is not None else "-"
         print(f"{r['model']:24} {r['run']:4} {r['path'] or '-':9} {r['target'] or '-':18} {rel:>11} {r['checks_ok']}/{r['checks']:<4} "
-              f"{r['served']:21} {r['seconds']:>7.1f} {r['peak_rss_mib']:>6} MiB")
+              f"{r['served']:31} {r['seconds']:>7.1f} {r['peak_rss_mib']:>6} MiB")
     worst = max(r["peak_rss_mib"] for r in rows)
     ported = [r for r in rows if r["status"] == "ported"]
     print(f"\n{len(ported)}/{len(rows)} runs ported and proven; worst max relative error "

@@ -99,8 +99,9 @@ def test_alibi_models_are_refused_naming_the_line(name, file, line, tmp_path):
     code, result = port_json(REAL / name, out)
     assert code == 1 and result["status"] == "refused" and result["path"] == "refused"
     assert "ALiBi" in result["message"] and "no ALiBi slopes" in result["message"]
-    [where] = result["not_ported"]
+    where, added = result["not_ported"]  # where the bias is built, and where the recorded dataflow sees it reach the scores
     assert where["file"] == file and (line is None or where["where"] == f"line {line}")
+    assert added["code"] == "HFC803" and "position bias" in added["reason"]
     assert f"{file}:" in result["message"]
     assert not out.exists()  # nothing written
 

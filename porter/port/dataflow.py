@@ -96,8 +96,8 @@ class CoreRefusal:
 def plans(result: dict[str, Any], tensors: dict[str, Any], files: dict[str, str], tiny_config: dict[str, Any]) -> list[CorePlan | CoreRefusal]:
     """One plan (or refusal) per attention class whose core ran in the recorded layer."""
     df = result.get("dataflow")
-    if not df or not df.get("ops"):
-        return []
+    if not df or not df.get("ops") or df.get("failed") or df.get("truncated"):
+        return []  # nothing (complete) was recorded: the statement patterns decide
     graph = Dataflow(df, tensors, result)
     graph.files = files
     out: list[CorePlan | CoreRefusal] = []

@@ -169,6 +169,11 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
                           + (f". {equal[0]}" if equal else ""))
         result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
+        from hfcheck.porter.port.dataflow import CoreRefusal, plans
+
+        for found in plans(reference.run.result, reference.run.tensors, source.code_files, reference.tiny_config):
+            if isinstance(found, CoreRefusal):  # where the recorded dataflow sees the bias reach the scores
+                result.not_ported.append({"code": found.code, "file": found.file, "where": f"line {found.line}", "reason": found.reason})
         result.seconds["total"] = round(time.perf_counter() - t0, 2)
         return result
     written = _port_by_rewrite(result, reference, source, out_dir, prove=prove, rescan=rescan, shard_bytes=shard_bytes, proof_timeout=proof_timeout)

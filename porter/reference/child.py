@@ -344,9 +344,13 @@ def main() -> None:
         hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(record))
         recorder, mode = None, contextlib.nullcontext()
         if layers is not None and job.get("dataflow", True):
-            recorder = _load_by_path("record.py", "hfcheck_ref_record").DataflowRecorder(torch, package_dir)
-            mode, more = recorder.attach(model, layers[1][0])
-            hooks.extend(more)
+            try:
+                recorder = _load_by_path("record.py", "hfcheck_ref_record").DataflowRecorder(torch, package_dir)
+                mode, more = recorder.attach(model, layers[1][0])
+                hooks.extend(more)
+            except Exception as exc:  # noqa: BLE001 - the run goes on without a dataflow (the port falls back to patterns)
+                recorder, mode = None, contextlib.nullcontext()
+                result["dataflow_error"] = _first_line(exc)
         stage = "running the original forward pass"
         lines: dict = {}
         tracer = _tracer(package_dir, lines, recorder.on_line if recorder is not None else None)

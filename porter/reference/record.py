@@ -59,6 +59,7 @@ class DataflowRecorder:
         self.package_dir = package_dir
         self.active = False
         self.done = False
+        self.failed = False  # something could not be recorded: the graph is incomplete, not used
         self.current: dict[int, int] = {}  # id(tensor) -> node of its current value
         self.alive: list = []  # every tensor seen stays referenced, so ids are never reused
         self.nodes: list[dict] = []
@@ -115,6 +116,12 @@ class DataflowRecorder:
     def on_line(self, frame) -> None:
         if not self.active:
             return
+        try:
+            self._on_line(frame)
+        except Exception:  # noqa: BLE001 - recording must never change the run
+            self.failed = True
+
+    def _on_line(self, frame) -> None:
         names = {}
         for name, value in frame.f_locals.items():
             if isinstance(value, self.torch.Tensor):
@@ -149,6 +156,12 @@ class DataflowRecorder:
     def pre_module(self, module, inputs) -> None:
         if not self.active:
             return
+        try:
+            self._pre_module(module, inputs)
+        except Exception:  # noqa: BLE001 - recording must never change the run
+            self.failed = True
+
+    def _pre_module(self, module, inputs) -> None:
         torch = self.torch
         entry = {"name": self.module_names.get(id(module), "?"), "class": type(module).__name__,
                  "linear": isinstance(module, torch.nn.Linear), "dropout": isinstance(module, torch.nn.Dropout),
@@ -161,6 +174,12 @@ class DataflowRecorder:
     def post_module(self, module, inputs, output) -> None:
         if not self.active or not self.open_calls:
             return
+        try:
+            self._post_module(output)
+        except Exception:  # noqa: BLE001 - recording must never change the run
+            self.failed = True
+
+    def _post_module(self, output) -> None:
         entry = self.modules[self.open_calls.pop()]
         entry["out"] = [self.node(t) for t in _tensors(output, self.torch, [])]
         entry["end"] = len(self.ops)
@@ -180,8 +199,8 @@ class DataflowRecorder:
                 if recorder.active:
                     try:
                         recorder.on_op(func, args, kwargs, out)
-                    except Exception:  # noqa: BLE001, S110 - recording must never change the run
-                        pass
+                    except Exception:  # noqa: BLE001 - recording must never change the run
+                        recorder.failed = True
                 return out
 
         def start(_m, _inp):
@@ -201,7 +220,7 @@ class DataflowRecorder:
     def result(self) -> tuple[dict, dict]:
         """(JSON-able graph, {"df.<node>": value}) — and drop every reference it kept."""
         graph = {"nodes": self.nodes, "ops": self.ops, "lines": self.lines, "frames": self.frames, "modules": self.modules,
-                 "truncated": len(self.ops) >= MAX_OPS}
+                 "truncated": len(self.ops) >= MAX_OPS, "failed": self.failed}
         values = {f"df.{n}": (v.float() if v.dtype != self.torch.bool else v).contiguous() for n, v in self.values.items()}
         self.alive.clear()
         self.frame_refs.clear()
