@@ -305,7 +305,7 @@ def _plans(source, reference):
     from hfcheck.porter.port.dataflow import plans
 
     run = reference.run
-    return plans(run.result, run.tensors, source.code_files, reference.tiny_config)
+    return plans(run.result, run.tensors, source.code_files, reference.input_ids)
 
 
 def test_qwen_region_spans_the_flash_branch_and_keeps_the_weights_name(recorded):

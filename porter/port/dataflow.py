@@ -64,6 +64,7 @@ class CorePlan:
     max_rel_error: float
     notes: list[str] = field(default_factory=list)
     split: SplitPlan | CoreRefusal | None = None  # the packed q/k/v projection feeding it, if any
+    groups: str | None = None  # __init__ expression for num_key_value_groups (sdpa repeats k/v by it) when heads are grouped
 
 
 @dataclass
@@ -93,13 +94,15 @@ class CoreRefusal:
     reason: str
 
 
-def plans(result: dict[str, Any], tensors: dict[str, Any], files: dict[str, str], tiny_config: dict[str, Any]) -> list[CorePlan | CoreRefusal]:
-    """One plan (or refusal) per attention class whose core ran in the recorded layer."""
+def plans(result: dict[str, Any], tensors: dict[str, Any], files: dict[str, str], input_ids: list[list[int]]) -> list[CorePlan | CoreRefusal]:
+    """One plan (or refusal) per attention class whose core ran in the recorded layer
+    (``input_ids``: the token ids of the recorded run, for its batch and sequence sizes)."""
     df = result.get("dataflow")
     if not df or not df.get("ops") or df.get("failed") or df.get("truncated"):
         return []  # nothing (complete) was recorded: the statement patterns decide
     graph = Dataflow(df, tensors, result)
     graph.files = files
+    graph.tokens = (len(input_ids), len(input_ids[0]) if input_ids else 0)
     out: list[CorePlan | CoreRefusal] = []
     seen: set[str] = set()
     for core in graph.cores():
@@ -146,6 +149,7 @@ class Dataflow:
         self.frames: list[dict] = df["frames"]
         self.tensors = tensors
         self.files: dict[str, str] = {}
+        self.tokens: tuple[int, int] = (0, 0)  # (batch, seq) of the recorded run
         self.g = nx.DiGraph()
         self.producer: dict[int, int] = {}
         for i, op in enumerate(self.ops):
@@ -434,12 +438,26 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     if scaling is None and scaling_init is None and not _close(scale, head_dim**-0.5):
         file_s, line_s = g.where(core.qk_op) if core.qk_op is not None else (file, core_line)
         raise refuse(line_s, f"the scores are scaled by {scale:.6g}, which no attribute of {cls} gives; store it as self.scaling in __init__")
+    groups = None
+    q_heads = _as_bhsd(g.value(q_node), layouts[0], head_dim, g.tokens[0]).shape[1]
+    kv_heads = _as_bhsd(g.value(k_node), layouts[1], head_dim, g.tokens[0]).shape[1]
+    if kv_heads != q_heads:
+        h_attr = _attr_like(scalars, q_heads, ("head",), ("kv", "key_value", "group", "query_groups"))
+        kv_attr = _attr_like(scalars, kv_heads, ("kv", "key_value", "group"), ())
+        if kv_heads == 1:
+            groups = h_attr
+        elif h_attr and kv_attr:
+            groups = f"{h_attr} // {kv_attr}"
+        if groups is None:
+            raise refuse(_span(block[start])[0], f"k and v have {kv_heads} heads for {q_heads} query heads, and the module keeps no attributes "
+                                                 "for the two counts (the sdpa backend needs num_key_value_groups)")
     mask = _mask_argument(g, core, func, before)
     dropout = _dropout(g, core, frame["self_module"])
     what = (f"scaled_dot_product_attention at {core_file}:{core_line}" if core.kind == "sdpa"
             else f"softmax(QK^T)V written by hand ({core_file}:{g.where(core.softmax_op)[1]})")
     plan = CorePlan(cls, file, _span(block[start])[0], _span(region[-1])[1], call_line, exprs[0], exprs[1], exprs[2], out_name, layouts[3],
                     weights, mask, scaling, scaling_init, dropout, what, err)
+    plan.groups = groups
     try:
         plan.split = _split_plan(g, frame, uid, text, func, (q_node, k_node, v_node), scalars, _span(block[start])[0])
     except _Refuse as exc:
@@ -462,18 +480,25 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
 
 
 def _candidates(shape: list[int], batch: int, seq: int, merged_batch: bool = False) -> list[str]:
+    """Layouts a [batch, seq]-token activation of heads can have: batch-first (``bhsd``, ``bshd``,
+    ``bsD`` with heads merged), sequence-first (``sbhd``, ``sbD``: ChatGLM, Megatron-style) and,
+    for a packed cut, ``Bsd`` ([batch * heads, seq, head_dim])."""
+    out = []
     if len(shape) == 4:
-        out = []
         if shape[0] == batch and shape[2] == seq:
             out.append("bhsd")
         if shape[0] == batch and shape[1] == seq:
             out.append("bshd")
-        return out
-    if len(shape) == 3 and shape[0] == batch and shape[1] == seq:
-        return ["bsD"]
-    if merged_batch and len(shape) == 3 and shape[0] % batch == 0 and shape[0] > batch and shape[1] == seq:
-        return ["Bsd"]  # [batch * heads, seq, head_dim]
-    return []
+        if shape[0] == seq and shape[1] == batch and seq != batch:
+            out.append("sbhd")
+    elif len(shape) == 3:
+        if shape[0] == batch and shape[1] == seq:
+            out.append("bsD")
+        if shape[0] == seq and shape[1] == batch and seq != batch:
+            out.append("sbD")
+        if merged_batch and shape[0] % batch == 0 and shape[0] > batch and shape[1] == seq:
+            out.append("Bsd")  # [batch * heads, seq, head_dim]
+    return out
 
 
 def _as_bhsd(t, layout: str, head_dim: int, batch: int | None = None):
@@ -481,9 +506,19 @@ def _as_bhsd(t, layout: str, head_dim: int, batch: int | None = None):
         return t
     if layout == "bshd":
         return t.transpose(1, 2)
+    if layout == "sbhd":
+        return t.permute(1, 2, 0, 3)
+    if layout == "sbD":
+        return t.reshape(t.shape[0], t.shape[1], -1, head_dim).permute(1, 2, 0, 3)
     if layout == "Bsd":
         return t.reshape(batch, -1, t.shape[1], t.shape[2])
     return t.reshape(t.shape[0], t.shape[1], -1, head_dim).transpose(1, 2)
+
+
+def _outputs(o):
+    """The interface's [batch, seq, heads, head_dim] output in each layout a projection may read."""
+    return (("bsD", o.flatten(2)), ("bshd", o), ("bhsd", o.transpose(1, 2)), ("sbD", o.transpose(0, 1).flatten(2)),
+            ("sbhd", o.transpose(0, 1)))
 
 
 def _attend(q, k, v, scale: float):
@@ -525,12 +560,12 @@ def _prove(g: Dataflow, core: Core, qn: int, kn: int, vn: int, xn: int):
     if any(v is None for v in values):
         return None
     qv, kv, vv, xv = (v.double() for v in values)
-    batch, seq = xv.shape[0], xv.shape[1]
+    batch, seq = g.tokens
     head_dim = g.shape(core.q)[-1]
     best = None
     for lq in _candidates(list(qv.shape), batch, seq):
-        for lk in _candidates(list(kv.shape), batch, kv.shape[2] if len(kv.shape) == 4 and lq == "bhsd" else kv.shape[1]):
-            for lv in _candidates(list(vv.shape), batch, vv.shape[2] if len(vv.shape) == 4 and lq == "bhsd" else vv.shape[1]):
+        for lk in _candidates(list(kv.shape), batch, seq):
+            for lv in _candidates(list(vv.shape), batch, seq):
                 try:
                     q, k, v = _as_bhsd(qv, lq, head_dim), _as_bhsd(kv, lk, head_dim), _as_bhsd(vv, lv, head_dim)
                 except RuntimeError:
@@ -543,7 +578,7 @@ def _prove(g: Dataflow, core: Core, qn: int, kn: int, vn: int, xn: int):
                         continue
                     if o is None:
                         continue
-                    for lo, expect in (("bsD", o.reshape(o.shape[0], o.shape[1], -1)), ("bshd", o), ("bhsd", o.transpose(1, 2))):
+                    for lo, expect in _outputs(o):
                         if list(expect.shape) != list(xv.shape):
                             continue
                         err = float((expect - xv).abs().max() / max(float(xv.abs().max()), 1e-12))
@@ -620,9 +655,13 @@ def _to_bhsd(name: str, layout: str, head_dim: int, scalars: dict[str, Any], ref
         return name
     if layout == "bshd":
         return f"{name}.transpose(1, 2)"
+    if layout == "sbhd":
+        return f"{name}.permute(1, 2, 0, 3)"
     attr = _head_attr(head_dim, scalars)
     if attr is None:
         raise refuse(line, f"`{name}` holds all heads in one dimension and the module keeps no head size attribute to split it by")
+    if layout == "sbD":
+        return f"{name}.view(*{name}.shape[:-1], -1, {attr}).permute(1, 2, 0, 3)"
     return f"{name}.view(*{name}.shape[:-1], -1, {attr}).transpose(1, 2)"
 
 
@@ -716,7 +755,7 @@ def _split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.Functio
     if pv is None or any(v is None for v in values):
         return None
     head_dim = g.shape(boundary[0])[-1]
-    batch, seq = pv.shape[0], pv.shape[1]
+    batch, seq = g.tokens
     columns = []
     layouts = []
     for value in values:
@@ -724,6 +763,8 @@ def _split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.Functio
         for layout in _candidates(list(value.shape), batch, seq, merged_batch=True) + ["bhsd"] * (len(value.shape) == 4):
             try:
                 flat = _as_bhsd(value.double(), layout, head_dim, batch).transpose(1, 2).reshape(batch, seq, -1)
+                if pv.shape[0] == seq and pv.shape[1] == batch and seq != batch:  # a sequence-first projection output
+                    flat = flat.transpose(0, 1)
             except RuntimeError:
                 continue
             idx = _columns(pv.double(), flat)
@@ -827,6 +868,16 @@ def _columns(packed, flat) -> list[int] | None:
             return None
         out.append(int(hit[0]))
     return out
+
+
+def _attr_like(scalars: dict[str, Any], value: int, want: tuple[str, ...], avoid: tuple[str, ...]) -> str | None:
+    """``self.<attr>`` of an int attribute equal to ``value`` whose name has one of ``want``
+    and none of ``avoid`` (a head count, a key/value group count)."""
+    for name, v in scalars.items():
+        low = name.lower()
+        if isinstance(v, int) and not isinstance(v, bool) and v == value and any(w in low for w in want) and not any(a in low for a in avoid):
+            return f"self.{name}"
+    return None
 
 
 def _attr_of(scalars: dict[str, Any], value: int, preferred: tuple[str, ...]) -> str | None:

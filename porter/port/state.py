@@ -51,8 +51,9 @@ class PortState:
     observed: list[Any] | None = None
     """What the original did when it ran in its own release: the attention regions its recorded
     dataflow proved (``porter.port.dataflow`` plans and refusals); None for a static port."""
-    built_classes: set[str] | None = None
-    """Classes of the modules the original built in that run (None for a static port)."""
+    built_classes: dict[str, bool] | None = None
+    """Classes of the modules the original built in that run -> whether they hold weights of
+    their own (None for a static port)."""
 
     # ------------------------------------------------------------------ analysis of the current text
 

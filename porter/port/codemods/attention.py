@@ -222,17 +222,17 @@ class AttentionInterface(Codemod):
         return tried, ported
 
     def _drop_unbuilt(self, state, ported: set[str]) -> set[str]:
-        """Attention classes the original never built (Qwen's ``FlashSelfAttention``: only with
-        flash_attn on a CUDA machine) and that nothing calls once the rewritten ``forward`` no longer
-        takes their branch: their ``self.x = Cls(...)`` and the class itself are removed. Returns
-        the classes removed."""
+        """Attention classes without weights of their own that nothing calls once the rewritten
+        ``forward`` no longer takes their branch (Qwen's ``FlashSelfAttention``, never built
+        without flash_attn; ChatGLM's ``CoreAttention``, whose call was inside the region): their
+        ``self.x = Cls(...)`` and the class itself are removed. Returns the classes removed."""
         if not ported or state.built_classes is None:
             return set()
         removed: set[str] = set()
         index = state.index()
         for cls in index.classes:
             forward = cls.methods.get("forward")
-            if (cls.name in state.built_classes or cls.name in ported or forward is None or index.is_pretrained_model(cls)
+            if (state.built_classes.get(cls.name) or cls.name in ported or forward is None or index.is_pretrained_model(cls)
                     or attention_by_hand(index.file_of(cls), forward) is None):
                 continue
             if self._remove_class(state, cls):
@@ -253,10 +253,12 @@ class AttentionInterface(Codemod):
                     attrs.add(node.targets[0].attr)
         for text in texts.values():
             tree = ast.parse(text)
+            own = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.name]
+            inside = {id(n) for c in own for n in ast.walk(c)}  # `super(Cls, self)` in its own body does not count
             for node in ast.walk(tree):
                 if isinstance(node, ast.Attribute) and node.attr in attrs and isinstance(node.ctx, ast.Load):
                     return False
-                if isinstance(node, ast.Name) and node.id == cls.name and not _builds(tree, node, cls.name):
+                if isinstance(node, ast.Name) and node.id == cls.name and id(node) not in inside and not _builds(tree, node, cls.name):
                     return False
 
         class Drop(cst.CSTTransformer):
@@ -284,8 +286,8 @@ class AttentionInterface(Codemod):
             if new.code != module.code:
                 save(state, file, new)
         state.change("HFC803", cls.file, cls.name,
-                     f"removed {cls.name} and {', '.join(f'self.{a}' for a in sorted(attrs)) or 'nothing else'}: the original never built it in its "
-                     "own run, and once the attention was rewritten nothing called it",
+                     f"removed {cls.name} and {', '.join(f'self.{a}' for a in sorted(attrs)) or 'nothing else'}: it holds no weights, and once the "
+                     "attention was rewritten nothing called it",
                      "a class computing attention outside the interface makes the model count as not dispatching; this one was dead code")
         return True
 
@@ -307,6 +309,8 @@ class AttentionInterface(Codemod):
             scaling = self._scaling_attr(index, cls, plan.scaling_init, init_adds)
         if not assigned(index, cls, "is_causal"):
             init_adds.append(("is_causal", "True", "end"))
+        if plan.groups and not assigned(index, cls, "num_key_value_groups"):
+            init_adds.append(("num_key_value_groups", plan.groups, "end"))
         kwargs = cu.star_kwargs(func) or "kwargs"
         taken = cu.names_in(func)
         iface = "attention_interface" if "attention_interface" not in taken else "attention_fn"
@@ -322,6 +326,10 @@ class AttentionInterface(Codemod):
             new.append(cu.stmt(f"{plan.out} = {plan.out}.reshape(*{plan.out}.shape[:-2], -1).contiguous()\n"))
         elif plan.out_layout == "bhsd":
             new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n"))
+        elif plan.out_layout == "sbD":  # sequence-first code
+            new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(0, 1).flatten(2).contiguous()\n"))
+        elif plan.out_layout == "sbhd":
+            new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(0, 1)\n"))
         replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
         if replaced is None:
             raise Refused(f"lines {plan.start_line}-{plan.end_line} are not whole statements of one block of forward")
@@ -354,7 +362,7 @@ class AttentionInterface(Codemod):
         q, k, v = split.names
         new = [cu.stmt(f"{q}, {k}, {v} = {split.packed_var}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)\n")]
         for name, layout in zip(split.names, split.views):
-            if layout == "bshd":
+            if layout in ("bshd", "sbhd"):
                 new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr})\n"))
             elif layout == "bhsd":
                 new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2)\n"))
@@ -406,6 +414,9 @@ class AttentionInterface(Codemod):
                              "sdpa and vLLM read is_causal to apply the causal mask; an explicit decoder flag")
             elif attr == "config":
                 state.change("HFC801", file, f"{owner}.__init__", f"stored self.config = {value}", "the interface is looked up from self.config._attn_implementation")
+            elif attr == "num_key_value_groups":
+                state.change("HFC801", file, f"{owner}.__init__", f"set self.num_key_value_groups = {value}",
+                             "the sdpa and eager backends repeat the key/value heads by it (grouped-query attention)")
             elif attr in ("q_size", "kv_size"):
                 state.change("HFC813", file, f"{owner}.__init__", f"set self.{attr} = {value}", "the sizes the packed split reads")
             else:
