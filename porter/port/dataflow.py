@@ -441,7 +441,7 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     groups = None
     q_heads = _as_bhsd(g.value(q_node), layouts[0], head_dim, g.tokens[0]).shape[1]
     kv_heads = _as_bhsd(g.value(k_node), layouts[1], head_dim, g.tokens[0]).shape[1]
-    if kv_heads != q_heads:
+    if kv_heads != q_heads and scalars.get("num_key_value_groups") != q_heads // kv_heads:
         h_attr = _attr_like(scalars, q_heads, ("head",), ("kv", "key_value", "group", "query_groups"))
         kv_attr = _attr_like(scalars, kv_heads, ("kv", "key_value", "group"), ())
         if kv_heads == 1:

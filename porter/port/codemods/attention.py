@@ -196,7 +196,13 @@ class AttentionInterface(Codemod):
         tried: set[str] = set()
         ported: set[str] = set()
         by_file: dict[str, list] = {}
+        index = state.index()
         for plan in state.observed:
+            info = index.files[plan.file].classes.get(plan.cls) if plan.file in index.files else None
+            forward = info.methods.get("forward") if info is not None else None
+            if forward is not None and dispatch_names(forward):
+                tried.add(plan.cls)
+                continue  # it already goes through the interface (the core ran inside transformers)
             tried.add(plan.cls)
             if isinstance(plan, CorePlan):
                 by_file.setdefault(plan.file, []).append(plan)
