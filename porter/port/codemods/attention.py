@@ -93,7 +93,7 @@ class AttentionInterface(Codemod):
         ported: set[str] = set()
         if state.observed is not None:  # the original ran: locate each core by its dataflow
             tried, ported = self._apply_observed(state)
-            tried |= self._drop_unbuilt(state, ported)
+            tried |= self._drop_uncalled(state, ported)
         while True:
             index = state.index()
             target = None
@@ -227,7 +227,7 @@ class AttentionInterface(Codemod):
                 ported.update(p.cls for p in done)
         return tried, ported
 
-    def _drop_unbuilt(self, state, ported: set[str]) -> set[str]:
+    def _drop_uncalled(self, state, ported: set[str]) -> set[str]:
         """Attention classes without weights of their own that nothing calls once the rewritten
         ``forward`` no longer takes their branch (Qwen's ``FlashSelfAttention``, never built
         without flash_attn; ChatGLM's ``CoreAttention``, whose call was inside the region): their
