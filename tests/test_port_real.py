@@ -353,3 +353,29 @@ def test_dataflow_refuses_a_softcap_naming_its_line(recorded):
     source, reference = recorded("internlm-20b", {"modeling_internlm.py": edited})
     [refusal] = _plans(source, reference)
     assert isinstance(refusal, CoreRefusal) and refusal.line == 217 and "softcap (tanh)" in refusal.reason
+
+
+def test_config_alias_for_the_layer_count_v5_reads(tmp_path):
+    """MPT's config stores `n_layers`; transformers 5 reads `config.num_hidden_layers` (generate
+    sizes its cache from it). The codemod adds the documented alias; the real config class then
+    answers it in the current transformers (a subprocess imports the rewritten file)."""
+    import subprocess
+    import sys
+
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.port.codemods.config_aliases import ConfigAliases
+    from hfcheck.porter.port.state import PortState
+
+    source = resolve(str(REAL / "mpt-7b"))
+    state = PortState(dict(source.code_files), dict(source.config))
+    ConfigAliases().apply(state)
+    text = state.files["configuration_mpt.py"]
+    assert "attribute_map = {'num_hidden_layers': 'n_layers'}" in text
+    (tmp_path / "configuration_mpt.py").write_text(text)
+    probe = "from configuration_mpt import MPTConfig; c = MPTConfig(n_layers=3); print(c.num_hidden_layers, c.to_dict()['n_layers'])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["3", "3"]
+    falcon = resolve(str(REAL / "falcon-7b-instruct-rw"))  # already maps it: nothing to do
+    state = PortState(dict(falcon.code_files), dict(falcon.config))
+    ConfigAliases().apply(state)
+    assert state.files == falcon.code_files and not state.changes
