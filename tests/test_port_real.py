@@ -305,7 +305,7 @@ def _plans(source, reference):
     from hfcheck.porter.port.dataflow import plans
 
     run = reference.run
-    return plans(run.result, run.tensors, source.code_files, reference.input_ids)
+    return plans(run.result, run.tensors, source.code_files, reference.input_ids, reference.tiny_config)
 
 
 def test_qwen_region_spans_the_flash_branch_and_keeps_the_weights_name(recorded):
@@ -379,3 +379,31 @@ def test_config_alias_for_the_layer_count_v5_reads(tmp_path):
     state = PortState(dict(falcon.code_files), dict(falcon.config))
     ConfigAliases().apply(state)
     assert state.files == falcon.code_files and not state.changes
+
+
+def test_per_head_packed_rows_are_regrouped_with_the_checkpoint(tmp_path):
+    """The real RW code with `multi_query: false` (as RW models without MQA are configured) packs
+    query_key_value per head ([heads, 3, head_dim], viewed and indexed by `_split_heads`). The
+    recorded values show that order; in place, the cut becomes the `.split((q, kv, kv))` vLLM
+    fuses and the checkpoint's rows are reordered to [q | k | v], proven on random weights and
+    on a converted checkpoint."""
+    import shutil
+
+    from hfcheck.porter.reference.sample import write_sample
+
+    src = tmp_path / "rw-mha"
+    shutil.copytree(REAL / "falcon-7b-instruct-rw", src)
+    config = json.loads((src / "config.json").read_text())
+    config["multi_query"] = False
+    (src / "config.json").write_text(json.dumps(config))
+    sample = write_sample(src, tmp_path / "rw-mha-small")
+    code, result = port_json(sample, tmp_path / "out", "--path", "rewrite")
+    assert code == 0 and result["status"] == "ported" and result["path"] == "rewrite", result["message"]
+    [split] = [c for c in result["changes"] if c["code"] == "HFC813" and c["where"] == "Attention.forward"]
+    assert "grouped per head" in split["what"] and "reordered to [q | k | v]" in split["what"]
+    got = checks(result)
+    assert got["random weights, eager"]["ok"] and got["random weights, eager"]["max_rel_error"] < 1e-4
+    assert any(name.startswith("real weights") and c["ok"] for name, c in got.items())
+    assert result["weights"]["split"] >= 1  # the packed tensors went through the row rule
+    rows = {r["code"]: r for r in result["rescan"]}
+    assert rows["HFC301"]["after"] == "pass" and result["served"]["how"] == "transformers-backend"

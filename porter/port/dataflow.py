@@ -31,6 +31,9 @@ from typing import Any
 
 import networkx as nx
 
+from hfcheck.analyzer.vocabulary import HEAD_FIELDS, KV_HEAD_FIELDS
+from hfcheck.porter.port.weights import ROW_LAYOUTS, row_order
+
 MATMUL = {"matmul", "__matmul__", "bmm", "baddbmm", "einsum", "__rmatmul__"}
 SOFTMAX = {"softmax", "_softmax", "log_softmax"}
 LAYOUT = {"view", "reshape", "permute", "transpose", "contiguous", "to", "float", "half", "bfloat16", "double", "type", "type_as",
@@ -69,10 +72,11 @@ class CorePlan:
 
 @dataclass
 class SplitPlan:
-    """A packed q/k/v projection whose output rows are [q | k | v] (found by matching the recorded
-    values column by column, whatever the idiom that cut it): the statements that cut it become
-    one ``.split((self.q_size, self.kv_size, self.kv_size), dim=-1)`` and views, the form vLLM
-    shards and fuses. The weights do not change."""
+    """A packed q/k/v projection, its row order found by matching the recorded values column by
+    column (whatever the idiom that cut it): the statements that cut it become one
+    ``.split((self.q_size, self.kv_size, self.kv_size), dim=-1)`` and views, the form vLLM shards
+    and fuses. Rows already [q | k | v] keep the weights; rows per head ([h, 3, d]) or per
+    key/value group ([kv, g + 2, d]) are reordered to [q | k | v] by a weight rule."""
 
     packed: str  # the attribute of the packed nn.Linear
     packed_var: str  # what the split reads: the projection call itself, or the variable holding its output
@@ -83,6 +87,7 @@ class SplitPlan:
     q_size: str
     kv_size: str  # __init__ expressions
     head_attr: str | None
+    regroup: dict[str, Any] | None = None  # rows not [q | k | v]: the weight rule that reorders them (porter.port.weights)
 
 
 @dataclass
@@ -94,15 +99,18 @@ class CoreRefusal:
     reason: str
 
 
-def plans(result: dict[str, Any], tensors: dict[str, Any], files: dict[str, str], input_ids: list[list[int]]) -> list[CorePlan | CoreRefusal]:
+def plans(result: dict[str, Any], tensors: dict[str, Any], files: dict[str, str], input_ids: list[list[int]],
+          config: dict[str, Any] | None = None) -> list[CorePlan | CoreRefusal]:
     """One plan (or refusal) per attention class whose core ran in the recorded layer
-    (``input_ids``: the token ids of the recorded run, for its batch and sequence sizes)."""
+    (``input_ids``: the token ids of the recorded run, for its batch and sequence sizes;
+    ``config``: its config, whose keys a weight rule may name)."""
     df = result.get("dataflow")
     if not df or not df.get("ops") or df.get("failed") or df.get("truncated"):
         return []  # nothing (complete) was recorded: the statement patterns decide
     graph = Dataflow(df, tensors, result)
     graph.files = files
     graph.tokens = (len(input_ids), len(input_ids[0]) if input_ids else 0)
+    graph.config = dict(config or {})
     out: list[CorePlan | CoreRefusal] = []
     seen: set[str] = set()
     for core in graph.cores():
@@ -150,6 +158,7 @@ class Dataflow:
         self.tensors = tensors
         self.files: dict[str, str] = {}
         self.tokens: tuple[int, int] = (0, 0)  # (batch, seq) of the recorded run
+        self.config: dict[str, Any] = {}  # the config of the recorded run
         self.g = nx.DiGraph()
         self.producer: dict[int, int] = {}
         for i, op in enumerate(self.ops):
@@ -775,12 +784,18 @@ def _split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.Functio
             raise refuse(call_line, f"q, k or v is not a plain slice of self.{attr}'s output (columns do not match)")
         layouts.append(found[0])
         columns.append(found[1])
-    q_cols, k_cols, v_cols = columns
-    contiguous = q_cols == list(range(len(q_cols))) and k_cols == list(range(len(q_cols), len(q_cols) + len(k_cols))) \
-        and v_cols == list(range(len(q_cols) + len(k_cols), len(q_cols) + 2 * len(k_cols)))
-    if not contiguous:
-        raise refuse(call_line, f"self.{attr}'s output rows are not laid out as [q | k | v] (per-head or per-group interleaving); "
-                                "a .split needs the rows reordered in the checkpoint, which this port does not do")
+    q_heads, kv_heads = len(columns[0]) // head_dim, len(columns[1]) // head_dim
+    layout = next((name for name in ROW_LAYOUTS if row_order(name, q_heads, kv_heads, head_dim) == columns[0] + columns[1] + columns[2]), None)
+    if layout is None:
+        raise refuse(call_line, f"self.{attr}'s output rows hold q, k and v in an order that is neither [q | k | v], per head nor per "
+                                "key/value group")
+    regroup = None
+    if layout != "qkv":
+        h_key = next((k for k in HEAD_FIELDS if g.config.get(k) == q_heads), None)
+        kv_key = next((k for k in KV_HEAD_FIELDS if g.config.get(k) == kv_heads), None) or (h_key if kv_heads == q_heads else None)
+        if h_key is None or kv_key is None:
+            raise refuse(call_line, f"self.{attr}'s rows are grouped ({layout}) and the config names no head counts to regroup them by")
+        regroup = {"layout": layout, "heads": {"field": h_key}, "kv_heads": {"field": kv_key}}
     # the statements that cut it: after the one calling the projection, up to the one binding the last cut value
     located = _block_of(func.body, call_line)
     if located is None:
@@ -820,10 +835,11 @@ def _split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.Functio
     later = [s for s in func.body if _span(s)[0] > _span(block[end])[1]] + list(block[end + 1:])
     if any(_live(n, later) for n in stores):
         raise refuse(_span(block[p_idx + 1])[0], "the statements that cut the packed output bind other variables used later")
-    heads = _attr_of(scalars, len(q_cols) // head_dim, ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_head"))
-    kv = len(k_cols) // head_dim
-    kv_attr = heads if kv == len(q_cols) // head_dim else _attr_of(scalars, kv, ("num_kv", "num_key_value_heads", "num_kv_heads", "n_kv_heads",
-                                                                                     "num_key_value_groups", "kv_heads"))
+    heads = _attr_of(scalars, q_heads, ("num_heads", "num_attention_heads", "n_head", "n_heads", "num_head")) \
+        or _attr_like(scalars, q_heads, ("head",), ("kv", "key_value", "group", "query_groups"))
+    kv = kv_heads
+    kv_attr = heads if kv == q_heads else (_attr_of(scalars, kv, ("num_kv", "num_key_value_heads", "num_kv_heads", "n_kv_heads", "kv_heads"))
+                                           or _attr_like(scalars, kv, ("kv", "key_value", "group"), ()))
     head_attr = _head_attr(head_dim, scalars)
     if heads is None or head_attr is None or (kv_attr is None and kv != 1):
         raise refuse(call_line, "the module keeps no attributes for its head count, key/value head count and head size")
@@ -837,7 +853,8 @@ def _split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.Functio
             and call.targets[0].id == packed_var and isinstance(call.value, ast.Call) and len(call.value.args) == 1
             and not call.value.keywords and not _live(packed_var, list(block[end + 1:]) + later)):
         start, receiver = p_idx, ast.get_source_segment(text, call.value) or packed_var
-    return SplitPlan(attr, receiver, _span(block[start])[0], _span(block[end])[1], names, tuple(layouts), q_size, kv_size, head_attr)
+    return SplitPlan(attr, receiver, _span(block[start])[0], _span(block[end])[1], names, tuple(layouts), q_size, kv_size, head_attr,
+                     regroup)
 
 
 def _path(g: Dataflow, src: int, dst: int) -> list[int] | None:

@@ -171,7 +171,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
         from hfcheck.porter.port.dataflow import CoreRefusal, plans
 
-        for found in plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids):
+        for found in plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config):
             if isinstance(found, CoreRefusal):  # where the recorded dataflow sees the bias reach the scores
                 result.not_ported.append({"code": found.code, "file": found.file, "where": f"line {found.line}", "reason": found.reason})
         result.seconds["total"] = round(time.perf_counter() - t0, 2)
@@ -321,7 +321,8 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
     from hfcheck.porter.port.dataflow import plans
 
     state = PortState(dict(source.code_files), dict(source.config))
-    state.observed = plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids)
+    state.observed = plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config)
+    state.tied = reference.run.result.get("tied") or []
     state.built_classes = {}
     for m in reference.run.result.get("modules", []):  # class -> whether any instance holds weights
         state.built_classes[m["class"]] = state.built_classes.get(m["class"], False) or bool(m.get("params") or m.get("persistent"))

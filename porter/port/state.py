@@ -51,6 +51,8 @@ class PortState:
     observed: list[Any] | None = None
     """What the original did when it ran in its own release: the attention regions its recorded
     dataflow proved (``porter.port.dataflow`` plans and refusals); None for a static port."""
+    tied: list[list[str]] | None = None
+    """Parameter names the original shared in its own run (pairs), or None for a static port."""
     built_classes: dict[str, bool] | None = None
     """Classes of the modules the original built in that run -> whether they hold weights of
     their own (None for a static port)."""

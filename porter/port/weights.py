@@ -12,7 +12,10 @@ Rules:
   original config);
 - ``chunk_rows``: ``Wqkv.weight`` -> three equal row blocks ``q_proj/k_proj/v_proj.weight``;
 - ``stack_experts``: ``moe_experts.<e>.{gate,up,down}_proj.weight`` -> ``experts.gate_up_proj``
-  ``[E, 2I, H]`` (gate rows then up rows per expert) and ``experts.down_proj`` ``[E, H, I]``.
+  ``[E, 2I, H]`` (gate rows then up rows per expert) and ``experts.down_proj`` ``[E, H, I]``;
+- ``regroup_rows``: a packed q/k/v weight (or bias) whose rows are per head (``head``:
+  ``[h, 3, d]``) or per key/value group (``group``: ``[kv, h / kv + 2, d]``) -> the same tensor
+  with rows ``[q | k | v]`` (head counts read from the config), for a ``.split((q, kv, kv))``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,29 @@ INDEX_NAME = "model.safetensors.index.json"
 
 class ConvertError(Exception):
     pass
+
+
+ROW_LAYOUTS = ("qkv", "head", "group")
+
+
+def row_order(layout: str, heads: int, kv_heads: int, head_dim: int) -> list[int]:
+    """For each row of ``[q | k | v]``, the row of a packed projection laid out as ``layout``."""
+    d = head_dim
+    if layout == "qkv":
+        return list(range((heads + 2 * kv_heads) * d))
+    if layout == "head":
+        if heads != kv_heads:
+            return []
+        return [h * 3 * d + j * d + i for j in range(3) for h in range(heads) for i in range(d)]
+    if layout == "group":
+        if not kv_heads or heads % kv_heads:
+            return []
+        g = heads // kv_heads
+        q = [(kv * (g + 2) + i) * d + x for kv in range(kv_heads) for i in range(g) for x in range(d)]
+        k = [(kv * (g + 2) + g) * d + x for kv in range(kv_heads) for x in range(d)]
+        v = [(kv * (g + 2) + g + 1) * d + x for kv in range(kv_heads) for x in range(d)]
+        return q + k + v
+    return []
 
 
 def _resolve(spec: dict | None, config: dict, defaults: dict) -> int | None:
@@ -80,6 +106,19 @@ class Converter:
                         raise ConvertError(f"{name}: {tensor.shape[0]} rows do not split into {parts}")
                     self.split += 1
                     return [(tpl.format(**m.groupdict()), piece.contiguous().clone()) for tpl, piece in zip(rule["parts"], tensor.chunk(parts, dim=0))]
+            elif kind == "regroup_rows":
+                m = re.match(rule["pattern"], name)
+                if m:
+                    tensor = get()
+                    heads = _resolve(rule["heads"], self.config, self.defaults)
+                    kv = _resolve(rule["kv_heads"], self.config, self.defaults)
+                    if not heads or not kv or tensor.shape[0] % (heads + 2 * kv):
+                        raise ConvertError(f"{name}: {tensor.shape[0]} rows are not (heads {heads} + 2 x kv heads {kv}) x head_dim")
+                    order = row_order(rule["layout"], heads, kv, tensor.shape[0] // (heads + 2 * kv))
+                    if len(order) != tensor.shape[0]:
+                        raise ConvertError(f"{name}: no {rule['layout']} row order for {heads} heads and {kv} kv heads")
+                    self.split += 1
+                    return [(name, tensor[torch.tensor(order)].contiguous())]
             elif kind == "stack_experts":
                 m = re.match(rule["pattern"], name)
                 if m:

@@ -8,7 +8,7 @@ they were. A codemod records a ``Change`` per edit (finding code, where, what, w
 
 Order matters: attention first (it removes direct flash/SDPA calls, so the import clean-up
 that follows can drop the imports they needed), then the removed v4 APIs and unguarded
-imports, config key aliases v5 reads, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
+imports, config key aliases v5 reads, the tied parameters v5 ties only when declared, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
 qkv fusion, the backend
 flag (only once every attention module dispatches), the fused q/k/v split, the experts, the
 decoder-layer lists, the v5 buffer initialisation, and last the parallel plans, read off the final module structure.
@@ -29,12 +29,14 @@ from hfcheck.porter.port.codemods.packed_qkv import PackedQKV
 from hfcheck.porter.port.codemods.plans import ParallelPlans
 from hfcheck.porter.port.codemods.projections import ActivationModule, InlineProjectionHelpers
 from hfcheck.porter.port.codemods.removed_apis import HeadMask, RemovedApis
+from hfcheck.porter.port.codemods.tied_weights import TiedWeights
 
 CODEMODS = (
     AttentionInterface,
     RemovedApis,
     HeadMask,
     ConfigAliases,
+    TiedWeights,
     GenerationBase,
     LayerIndex,
     KwargsPropagation,

@@ -384,10 +384,16 @@ class AttentionInterface(Codemod):
         for attr, value in (("q_size", split.q_size), ("kv_size", split.kv_size)):
             if not assigned(index, cls, attr):
                 init_adds.append((attr, value, "end"))
+        rows = "(its rows are [q | k | v]: matched column by column on the recorded run; no weight change)"
+        if split.regroup is not None:
+            import re
+
+            state.weight_rules.append({"kind": "regroup_rows", "pattern": rf"^(?:.*\.)?{re.escape(split.packed)}\.(?:weight|bias)$", **split.regroup})
+            rows = (f"(its rows are grouped {'per head' if split.regroup['layout'] == 'head' else 'per key/value group'}, matched column by "
+                    "column on the recorded run; the checkpoint's rows are reordered to [q | k | v])")
         state.change("HFC813", plan.file, f"{plan.cls}.forward",
                      f"lines {split.start_line}-{split.end_line}: the cut of self.{split.packed}'s output -> "
-                     f".split((self.q_size, self.kv_size, self.kv_size), dim=-1) (its rows are [q | k | v]: matched column by column "
-                     "on the recorded run; no weight change)",
+                     f".split((self.q_size, self.kv_size, self.kv_size), dim=-1) {rows}",
                      "vLLM shards and fuses a packed projection only when it reads this split")
         return module
 
