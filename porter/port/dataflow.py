@@ -68,6 +68,10 @@ class CorePlan:
     notes: list[str] = field(default_factory=list)
     split: SplitPlan | CoreRefusal | None = None  # the packed q/k/v projection feeding it, if any
     groups: str | None = None  # __init__ expression for num_key_value_groups (sdpa repeats k/v by it) when heads are grouped
+    function: str = "forward"  # the method holding the region (a helper of forward, e.g. _forward_self_attn)
+    returns: bool = False  # the region ends that helper: it will return q, k and v instead
+    caller_line: int = 0  # the statement of forward that calls the helper (the interface call goes there: vLLM reads forward)
+    caller_call: str = ""  # that call's source
 
 
 @dataclass
@@ -322,6 +326,85 @@ def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
 
 
 def _plan(g: Dataflow, core: Core, files: dict[str, str], result: dict[str, Any]) -> CorePlan | CoreRefusal | None:
+    """The region in forward, else in a helper method of the same module that forward calls
+    (q, k and v may exist only there, as in MixFormer's ``_forward_self_attn``)."""
+    try:
+        return _plan_in_forward(g, core, files, result)
+    except _Refuse as first:
+        try:
+            found = _plan_in_helper(g, core, files)
+        except _Refuse:
+            raise first from None
+        if found is None:
+            raise
+        return found
+
+
+def _plan_in_helper(g: Dataflow, core: Core, files: dict[str, str]) -> CorePlan | None:
+    proj = g.output_projection(core)
+    if proj is None or not proj["at"]:
+        return None
+    uid, _call_line = proj["at"][0]
+    owner = g.frames[uid]["self_module"]
+    first_op = min(i for i in (core.qk_op, core.softmax_op, core.op) if i is not None)
+    stack = g.at(first_op)
+    depth = next((i for i, (u, _) in enumerate(stack) if u == uid), None)
+    if depth is None or depth == 0:
+        return None
+    helper_uid, helper_line = stack[depth - 1]
+    helper = g.frames[helper_uid]
+    if helper["self_module"] != owner or helper["function"] == "forward" or helper["file"] != g.frames[uid]["file"]:
+        return None
+    cls, file = helper["self_class"], helper["file"]
+    refuse = _refuser(cls, file)
+    text = files.get(file)
+    tree = ast.parse(text) if text else None
+    func = _method(tree, cls, helper["function"]) if tree else None
+    forward = _method(tree, cls, "forward") if tree else None
+    if func is None or forward is None:
+        return None
+    located = _block_of(func.body, helper_line)
+    if located is None or located[0] is not func.body or not isinstance(func.body[-1], ast.Return) or func.body[-1].value is None:
+        raise refuse(helper_line, f"{cls}.{helper['function']} does not end by returning the attention's output")
+    block, c_idx = located
+    # what forward received: the variable its calling statement binds
+    call_in_forward = stack[depth][1]
+    fwd = _block_of(forward.body, call_in_forward)
+    if fwd is None:
+        return None
+    stmt = fwd[0][fwd[1]]
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        raise refuse(call_in_forward, f"forward does not bind {cls}.{helper['function']}(...)'s result to one variable")
+    target = stmt.targets[0].id
+    after = next((names for u, line, _n, names in g.df["lines"] if u == uid and line > _span(stmt)[1]), {})
+    x = after.get(target)
+    if x is None:
+        return None
+    events = [(line, n_ops, names) for u, line, n_ops, names in g.df["lines"] if u == helper_uid]
+
+    def names_at(st: ast.stmt) -> dict[str, int | None]:
+        lo, hi = _span(st)
+        return next((names for line, _n, names in events if lo <= line <= hi), {})
+
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == helper["function"]]
+    if len(calls) != 1 or calls[0] is not stmt.value:
+        raise refuse(call_in_forward, f"{cls}.{helper['function']} is called from more than this statement of forward")
+    core_file, core_line = g.where(core.op)
+    plan = _region(g, core, text, func, block, c_idx, len(block), helper_uid, helper, names_at, {}, target, x, helper_line, core_file,
+                   core_line, refuse)
+    plan.function, plan.returns, plan.caller_line = helper["function"], True, _span(stmt)[0]
+    plan.caller_call = ast.get_source_segment(text, stmt.value) or ""
+    if plan.mask != "None":  # the helper's parameter -> what forward passes for it
+        params = [a.arg for a in func.args.args][1:]
+        call = stmt.value
+        given = next((k.value for k in call.keywords if k.arg == plan.mask), None)
+        if given is None and plan.mask in params and params.index(plan.mask) < len(call.args):
+            given = call.args[params.index(plan.mask)]
+        plan.mask = ast.get_source_segment(text, given) if given is not None else "None"
+    return plan
+
+
+def _plan_in_forward(g: Dataflow, core: Core, files: dict[str, str], result: dict[str, Any]) -> CorePlan | CoreRefusal | None:
     proj = g.output_projection(core)
     if proj is None or not proj["at"]:
         return None  # no projection follows: not a decoder attention (or not one to port)
@@ -404,13 +487,20 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     region = block[start:o_idx]
     region_src = "\n".join(ast.get_source_segment(text, s) or "" for s in region)
 
+    def pick(names: list[str]) -> str:
+        return next((n for n in names if n in region_src), names[0])
+
     def boundary(node: int, what: str) -> tuple[str, int]:
         cur, steps = node, 0
         while cur is not None and steps < 200:
             if cur in named:
-                names = named[cur]
-                return next((n for n in names if n in region_src), names[0]), cur
+                return pick(named[cur]), cur
             p = g.producer.get(cur)
+            op = g.ops[p] if p is not None else None
+            if op is not None and op["op"] == "unbind" and op["in"] and op["in"][0] in named:
+                # q, k and v still packed in one variable ([..., 3, heads, dim]): read them out of it
+                dim = op["kwargs"].get("dim", op["args"][0] if op["args"] else 0)
+                return f"{pick(named[op['in'][0]])}.unbind({dim})[{op['out'].index(cur)}]", cur
             cur = g.ops[p]["in"][0] if p is not None and g.ops[p]["in"] else None
             steps += 1
         raise refuse(_span(block[start])[0], f"the attention's {what} does not come from a variable of forward before the attention starts")

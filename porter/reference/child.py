@@ -211,6 +211,21 @@ def _decoder_layers(model, torch, num_layers: int):
     return best
 
 
+def _repeated_block(model, num_layers: int):
+    """The first of the ``num_layers`` instances of one class, when the layers are not a
+    ModuleList of their own (MixFormer keeps them in an nn.Sequential between the embedding
+    and the head)."""
+    if num_layers <= 0:
+        return None
+    seen: dict[type, list] = {}
+    for name, module in model.named_modules():
+        seen.setdefault(type(module), []).append((name, module))
+    blocks = [found for found in seen.values() if len(found) == num_layers and len(list(found[0][1].children())) > 1]
+    if not blocks:
+        return None
+    return min(blocks, key=lambda found: found[0][0].count("."))[0][1]
+
+
 def _output(out):
     for name in ("logits",):
         value = getattr(out, name, None)
@@ -343,10 +358,11 @@ def main() -> None:
 
         hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(record))
         recorder, mode = None, contextlib.nullcontext()
-        if layers is not None and job.get("dataflow", True):
+        first_layer = layers[1][0] if layers is not None else _repeated_block(model, int(job.get("num_layers", 0)))
+        if first_layer is not None and job.get("dataflow", True):
             try:
                 recorder = _load_by_path("record.py", "hfcheck_ref_record").DataflowRecorder(torch, package_dir)
-                mode, more = recorder.attach(model, layers[1][0])
+                mode, more = recorder.attach(model, first_layer)
                 hooks.extend(more)
             except Exception as exc:  # noqa: BLE001 - the run goes on without a dataflow (the port falls back to patterns)
                 recorder, mode = None, contextlib.nullcontext()

@@ -303,7 +303,7 @@ class AttentionInterface(Codemod):
         if owner is None or owner.file != file:
             raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
         classdef = cu.top_class(module, plan.cls)
-        func = cu.method(classdef, "forward")
+        func = cu.method(classdef, plan.function)
         init_adds: list[tuple[str, str, str]] = []
         if not assigned(index, cls, "config"):
             config_name = init_param_of_config(cu.method(cu.top_class(module, owner.name), "__init__"))
@@ -317,12 +317,17 @@ class AttentionInterface(Codemod):
             init_adds.append(("is_causal", "True", "end"))
         if plan.groups and not assigned(index, cls, "num_key_value_groups"):
             init_adds.append(("num_key_value_groups", plan.groups, "end"))
-        kwargs = cu.star_kwargs(func) or "kwargs"
-        taken = cu.names_in(func)
+        forward = cu.method(classdef, "forward")
+        kwargs = cu.star_kwargs(forward) or "kwargs"
+        taken = cu.names_in(forward) | cu.names_in(func)
         iface = "attention_interface" if "attention_interface" not in taken else "attention_fn"
         weights = plan.weights or ("attn_weights" if "attn_weights" not in taken else "_attn_weights")
         dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
-        args = ["self", plan.q, plan.k, plan.v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + [f"**{kwargs}"]
+        q, k, v = plan.q, plan.k, plan.v
+        if plan.returns:  # the helper hands q, k and v back; forward makes the call (vLLM reads forward's source)
+            forward_names = cu.names_in(forward)
+            q, k, v = (n if n not in forward_names else f"_{n}" for n in ("query_states", "key_states", "value_states"))
+        args = ["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + [f"**{kwargs}"]
         call = f"{plan.out}, {weights} = {iface}(" + ", ".join(args) + ")\n"
         if len(call) > 100:
             call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
@@ -336,18 +341,37 @@ class AttentionInterface(Codemod):
             new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(0, 1).flatten(2).contiguous()\n"))
         elif plan.out_layout == "sbhd":
             new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(0, 1)\n"))
-        replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
-        if replaced is None:
-            raise Refused(f"lines {plan.start_line}-{plan.end_line} are not whole statements of one block of forward")
-        new_func, removed = replaced
-        new_func = cu.add_star_kwargs(new_func, kwargs)
+        if plan.returns:
+            # two edits in one class: the lower one first, so the other's line numbers hold
+            edits = [(plan.caller_line, "forward", plan.caller_line, [cu.stmt(f"{q}, {k}, {v} = {plan.caller_call}\n")] + new),
+                     (plan.start_line, plan.function, plan.end_line,
+                      [cu.stmt(f"return {plan.q}, {plan.k}, {plan.v}  # [batch, heads, seq, head_dim]: forward calls the attention\n")])]
+            removed = 0
+            for start, name, end, stmts in sorted(edits, key=lambda e: -e[0]):
+                classdef = cu.top_class(module, plan.cls)
+                method = cu.method(classdef, name)
+                done = cu.replace_lines(method, start, end, stmts, module)
+                if done is None:
+                    raise Refused(f"lines {start}-{end} are not whole statements of one block of {name}")
+                removed += done[1] if name != "forward" else 0
+                module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, method, done[0]))
+            classdef = cu.top_class(module, plan.cls)
+            func = cu.method(classdef, "forward")
+            replaced = (func, removed)
+        else:
+            replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
+            if replaced is None:
+                raise Refused(f"lines {plan.start_line}-{plan.end_line} are not whole statements of one block of forward")
+            removed = replaced[1]
+        new_func = cu.add_star_kwargs(replaced[0], kwargs)
         module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, new_func))
         module = self._split_packed(state, index, cls, module, plan, init_adds)
         for attr, value, position in init_adds:
             module = add_init_assign(module, owner.name, attr, value, position)
-        where = f"{plan.cls}.forward"
+        where = f"{plan.cls}.{plan.function}"
         state.change("HFC803", file, where,
-                     f"replaced lines {plan.start_line}-{plan.end_line} ({plan.what}; {removed} statement(s)) with one attention-interface call, "
+                     f"replaced lines {plan.start_line}-{plan.end_line} ({plan.what}; {removed} statement(s)) with one attention-interface call"
+                     + (f" in forward (line {plan.caller_line}; {plan.function} now returns q, k and v)" if plan.returns else "") + ", "
                      f"proven equal on the original's recorded values (max relative error {plan.max_rel_error:.1e})", WHY_DISPATCH)
         state.change("HFC801", file, where, "dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
                      "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
