@@ -341,18 +341,43 @@ def test_dataflow_names_the_position_bias_where_it_is_added(name, file, line, co
     assert f"`{code}`" in refusal.reason and "position bias" in refusal.reason
 
 
-def test_dataflow_refuses_a_softcap_naming_its_line(recorded):
-    """The same real code with a tanh softcap before the mask: the recorded scores no longer give
-    softmax attention, and the refusal names the tanh's line, not a guess."""
+INTERNLM_QK = "        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)\n"
+
+
+def test_dataflow_refuses_a_tanh_that_is_not_a_softcap_naming_its_line(recorded):
+    """The same real code with a tanh added to the scores (not c * tanh(x / c)): the recorded
+    values match no attention vLLM computes, and the refusal names the tanh's line, not a guess."""
     from hfcheck.porter.port.dataflow import CoreRefusal
 
     text = (REAL / "internlm-20b" / "modeling_internlm.py").read_text()
-    old = "        attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)\n"
-    assert old in text
-    edited = text.replace(old, old + "        attn_weights = torch.tanh(attn_weights / 5.0) * 5.0\n")
+    assert INTERNLM_QK in text
+    edited = text.replace(INTERNLM_QK, INTERNLM_QK + "        attn_weights = attn_weights + torch.tanh(attn_weights)\n")
     source, reference = recorded("internlm-20b", {"modeling_internlm.py": edited})
     [refusal] = _plans(source, reference)
-    assert isinstance(refusal, CoreRefusal) and refusal.line == 217 and "softcap (tanh)" in refusal.reason
+    assert isinstance(refusal, CoreRefusal) and refusal.line == 217 and "not a logit softcap" in refusal.reason
+
+
+def test_a_logit_softcap_is_kept_through_the_config(tmp_path):
+    """The real code with a Gemma-2-style cap after the scale (c * tanh(scores / c), c = 5): the
+    region is still attention (proven with the cap), the call passes
+    softcap=self.config.attn_logit_softcapping and config.json gets the value vLLM reads; the
+    ported class claims no sdpa path (sdpa has no softcap), and the proof holds for eager."""
+    import shutil
+
+    src = tmp_path / "capped"
+    shutil.copytree(REAL / "internlm-20b", src)
+    text = (src / "modeling_internlm.py").read_text()
+    (src / "modeling_internlm.py").write_text(text.replace(INTERNLM_QK, INTERNLM_QK + "        attn_weights = torch.tanh(attn_weights / 5.0) * 5.0\n"))
+    code, result = port_json(src, tmp_path / "out", "--path", "rewrite")
+    assert code == 0 and result["status"] == "ported", result["message"]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["attn_logit_softcapping"] == 5.0
+    ported = (tmp_path / "out" / "modeling_internlm.py").read_text()
+    assert "softcap=self.config.attn_logit_softcapping" in ported and "_supports_sdpa = True" not in ported
+    got = checks(result)
+    assert got["random weights, eager"]["ok"] and got["random weights, eager"]["max_rel_error"] < 1e-4
+    assert got["random weights, sdpa"].get("skipped")
+    assert result["served"]["how"] == "transformers-backend"
 
 
 def test_config_alias_for_the_layer_count_v5_reads(tmp_path):

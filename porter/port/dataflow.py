@@ -68,6 +68,7 @@ class CorePlan:
     notes: list[str] = field(default_factory=list)
     split: SplitPlan | CoreRefusal | None = None  # the packed q/k/v projection feeding it, if any
     groups: str | None = None  # __init__ expression for num_key_value_groups (sdpa repeats k/v by it) when heads are grouped
+    softcap: float | None = None  # the logit softcap c of c * tanh(scores / c) (vLLM: config.attn_logit_softcapping)
     function: str = "forward"  # the method holding the region (a helper of forward, e.g. _forward_self_attn)
     returns: bool = False  # the region ends that helper: it will return q, k and v instead
     caller_line: int = 0  # the statement of forward that calls the helper (the interface call goes there: vLLM reads forward)
@@ -526,7 +527,7 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     proof = _prove(g, core, q_node, k_node, v_node, x)
     if proof is None:
         raise _Refuse(cls, *_culprit(g, core, file, core_line))
-    layouts, scale, err = proof
+    layouts, scale, err, softcap = proof
     module = g.modules_by_name.get(frame["self_module"] or "", {})
     scalars = module.get("scalars", {})
     head_dim = g.shape(core.q)[-1]
@@ -557,6 +558,7 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     plan = CorePlan(cls, file, _span(block[start])[0], _span(region[-1])[1], call_line, exprs[0], exprs[1], exprs[2], out_name, layouts[3],
                     weights, mask, scaling, scaling_init, dropout, what, err)
     plan.groups = groups
+    plan.softcap = softcap
     try:
         plan.split = _split_plan(g, frame, uid, text, func, (q_node, k_node, v_node), scalars, _span(block[start])[0])
     except _Refuse as exc:
@@ -620,7 +622,7 @@ def _outputs(o):
             ("sbhd", o.transpose(0, 1)))
 
 
-def _attend(q, k, v, scale: float):
+def _attend(q, k, v, scale: float, softcap: float | None = None):
     import torch
 
     rep = q.shape[1] // k.shape[1]
@@ -628,18 +630,43 @@ def _attend(q, k, v, scale: float):
         return None
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:  # as vLLM's kernels apply logits_soft_cap: after the scale, before the mask
+        s = torch.tanh(s / softcap) * softcap
     ql, kl = q.shape[2], k.shape[2]
     future = torch.ones(ql, kl, dtype=torch.bool).triu(kl - ql + 1)
     s = s.masked_fill(future, float("-inf"))
     return (torch.softmax(s, dim=-1) @ v).transpose(1, 2)  # [b, s, h, d]
 
 
-def _measured_scale(g: Dataflow, core: Core, q, k) -> float | None:
+def _softcaps(g: Dataflow, core: Core) -> list[tuple[float, int]]:
+    """Candidate logit softcaps c, with the tanh op, for ``c * tanh(x / c)`` between QK^T and
+    softmax: read off the scalar of the op that feeds the tanh or scales its output."""
+    if core.qk_op is None or core.softmax_op is None:
+        return []
+    out = []
+    for i in range(core.qk_op + 1, core.softmax_op):
+        if g.ops[i]["op"] != "tanh":
+            continue
+        feeder = g.producer.get(g.ops[i]["in"][0])
+        users = [j for j in range(i + 1, core.softmax_op) if g.ops[i]["out"][0] in g.ops[j]["in"]]
+        for j, invert in [(feeder, g.ops[feeder]["op"] in ("mul", "__mul__") if feeder is not None else False)] + [(u, False) for u in users]:
+            if j is None:
+                continue
+            for a in g.ops[j]["args"]:
+                if isinstance(a, (int, float)) and not isinstance(a, bool) and a:
+                    out.append((1.0 / a if invert else float(a), i))
+    return out
+
+
+def _measured_scale(g: Dataflow, core: Core, q, k, softcap: tuple[float, int] | None = None) -> float | None:
     if core.scores is None:
         return None
     import torch
 
     s = g.value(core.scores)
+    if softcap is not None:  # measure before the cap: the tanh's input times c
+        s = g.value(g.ops[softcap[1]]["in"][0])
+        s = s * softcap[0] if s is not None else None
     if s is None:
         return None
     rep = q.shape[1] // max(k.shape[1], 1)
@@ -669,20 +696,21 @@ def _prove(g: Dataflow, core: Core, qn: int, kn: int, vn: int, xn: int):
                     q, k, v = _as_bhsd(qv, lq, head_dim), _as_bhsd(kv, lk, head_dim), _as_bhsd(vv, lv, head_dim)
                 except RuntimeError:
                     continue
-                scales = [s for s in (_measured_scale(g, core, q, k), core.scale, head_dim**-0.5, 1.0) if s is not None]
-                for scale in scales:
-                    try:
-                        o = _attend(q, k, v, scale)
-                    except RuntimeError:
-                        continue
-                    if o is None:
-                        continue
-                    for lo, expect in _outputs(o):
-                        if list(expect.shape) != list(xv.shape):
+                for cap in [None] + _softcaps(g, core):
+                    measured = _measured_scale(g, core, q, k, cap)
+                    for scale in [s for s in (measured, core.scale, head_dim**-0.5, 1.0) if s is not None]:
+                        try:
+                            o = _attend(q, k, v, scale, cap[0] if cap else None)
+                        except RuntimeError:
                             continue
-                        err = float((expect - xv).abs().max() / max(float(xv.abs().max()), 1e-12))
-                        if best is None or err < best[2]:
-                            best = ((lq, lk, lv, lo), scale, err)
+                        if o is None:
+                            continue
+                        for lo, expect in _outputs(o):
+                            if list(expect.shape) != list(xv.shape):
+                                continue
+                            err = float((expect - xv).abs().max() / max(float(xv.abs().max()), 1e-12))
+                            if best is None or err < best[2]:
+                                best = ((lq, lk, lv, lo), scale, err, cap[0] if cap else None)
     if best is None or best[2] > TOLERANCE or not math.isfinite(best[2]):
         return None
     return best
@@ -721,7 +749,8 @@ def _culprit_op(g: Dataflow, core: Core) -> tuple[int, str] | None:
     for i in range((core.qk_op or core.op) + 1, core.softmax_op or core.op):
         op = g.ops[i]
         if op["op"] == "tanh":
-            return i, "a logit softcap (tanh) between QK^T and softmax; the attention interface has no place for it here"
+            return i, ("a tanh between QK^T and softmax that is not a logit softcap c * tanh(scores / c) after the scale (the one form "
+                       "vLLM applies, from config.attn_logit_softcapping)")
         if op["op"] in ("add", "__add__", "__radd__", "add_", "__iadd__") and len(op["in"]) >= 2:
             if any(n not in chain and g.value(n) is not None and _is_bias(g.value(n)) for n in op["in"]):
                 return i, bias_why

@@ -51,6 +51,8 @@ class PortState:
     observed: list[Any] | None = None
     """What the original did when it ran in its own release: the attention regions its recorded
     dataflow proved (``porter.port.dataflow`` plans and refusals); None for a static port."""
+    sdpa_unsupported: list[str] = field(default_factory=list)
+    """Why the ported classes must not claim an sdpa path (a softcap sdpa cannot apply)."""
     tied: list[list[str]] | None = None
     """Parameter names the original shared in its own run (pairs), or None for a static port."""
     built_classes: dict[str, bool] | None = None

@@ -45,7 +45,7 @@ SDPA = "scaled_dot_product_attention"
 FLASH = {"flash_attn_func"}
 CASTS = {"to", "type_as", "float", "half", "bfloat16", "type", "contiguous"}
 
-EAGER = '''def {name}(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+EAGER = '''def {name}(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
     """softmax(Q K^T) V on [batch, heads, seq, head_dim] tensors: the `eager` entry of the
     attention interface (added by hfcheck port; sdpa, flash and vLLM replace it)."""
     if scaling is None:
@@ -55,6 +55,8 @@ EAGER = '''def {name}(module, query, key, value, attention_mask, scaling=None, d
         key = key.repeat_interleave(n_rep, dim=1)
         value = value.repeat_interleave(n_rep, dim=1)
     attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = torch.tanh(attn_weights / softcap) * softcap
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attn_weights = attn_weights.masked_fill(~attention_mask[:, :, :, : key.shape[-2]], torch.finfo(attn_weights.dtype).min)
     elif attention_mask is not None:
@@ -221,6 +223,11 @@ class AttentionInterface(Codemod):
                     done.append(plan)
                 except Refused as exc:
                     state.refuse("HFC803", file, f"{plan.cls}.forward", f"line {plan.start_line}: {exc}")
+            window = state.config.get("sliding_window")
+            if done and isinstance(window, int) and window > 0 and "sliding_attention" not in (state.config.get("layer_types") or []):
+                state.refuse("HFC803", file, f"{done[0].cls}.forward",
+                             f"config.json sets sliding_window = {window}: the proof runs a few tokens, far inside any window, so whether the "
+                             "original windows its attention is not checked; vLLM windows only layers whose layer_types say sliding_attention")
             if done:
                 module = self._module_level(state, module, file, done[0].cls)
                 save(state, file, module)
@@ -327,7 +334,16 @@ class AttentionInterface(Codemod):
         if plan.returns:  # the helper hands q, k and v back; forward makes the call (vLLM reads forward's source)
             forward_names = cu.names_in(forward)
             q, k, v = (n if n not in forward_names else f"_{n}" for n in ("query_states", "key_states", "value_states"))
-        args = ["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + [f"**{kwargs}"]
+        softcap = []
+        if plan.softcap is not None:  # vLLM applies config.attn_logit_softcapping to every layer
+            softcap = ["softcap=self.config.attn_logit_softcapping"]
+            if state.config.get("attn_logit_softcapping") != plan.softcap:
+                state.config_edits.append({"op": "set", "key": "attn_logit_softcapping", "value": plan.softcap})
+                state.change("HFC803", "config.json", "attn_logit_softcapping", f"set attn_logit_softcapping = {plan.softcap:g}",
+                             "the original caps its scores with c * tanh(scores / c); vLLM applies that cap from this config key")
+            state.sdpa_unsupported.append(f"{plan.cls}: a logit softcap (transformers' sdpa backend has none)")
+        args = (["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + softcap
+                + [f"**{kwargs}"])
         call = f"{plan.out}, {weights} = {iface}(" + ", ".join(args) + ")\n"
         if len(call) > 100:
             call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"

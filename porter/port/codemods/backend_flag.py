@@ -54,7 +54,7 @@ class BackendFlag(Codemod):
                     last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
                     body.insert(last + 1, cu.stmt("_supports_attention_backend = True\n"))
                 changed.append("set _supports_attention_backend = True")
-                if index.class_attr(root, "_supports_sdpa") is None:  # every attention now dispatches: sdpa is one more backend
+                if index.class_attr(root, "_supports_sdpa") is None and not state.sdpa_unsupported:  # sdpa is one more backend
                     last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
                     body.insert(last + 1, cu.stmt("_supports_sdpa = True\n"))
                     changed.append("set _supports_sdpa = True")
