@@ -21,7 +21,7 @@ from hfcheck.porter.port.codemods.backend_flag import BackendFlag
 from hfcheck.porter.port.codemods.buffers import BufferInit
 from hfcheck.porter.port.codemods.config_aliases import ConfigAliases
 from hfcheck.porter.port.codemods.experts import ExpertsLayout
-from hfcheck.porter.port.codemods.generation import GenerationBase
+from hfcheck.porter.port.codemods.generation import GenerationBase, TupleCache
 from hfcheck.porter.port.codemods.kwargs import KwargsPropagation
 from hfcheck.porter.port.codemods.layer_idx import LayerIndex
 from hfcheck.porter.port.codemods.module_lists import SingleLayerList
@@ -38,6 +38,7 @@ CODEMODS = (
     ConfigAliases,
     TiedWeights,
     GenerationBase,
+    TupleCache,
     LayerIndex,
     KwargsPropagation,
     InlineProjectionHelpers,
