@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CI's runtime stage: real vLLM (its CPU build, set up once and cached) on a handful of
 # families -- dense GQA, MoE, MLA, one blocked hybrid -- compared with hfcheck's prediction,
-# then one real remote-code model ported and served end to end with tokens equal to
-# transformers'. Fails on any difference not listed in scripts/crosscheck/runtime_known_differences.toml.
+# then one real remote-code model ported (retargeted, and rewritten in place) and served end to
+# end with tokens equal to transformers'. Fails on any difference not listed in scripts/crosscheck/runtime_known_differences.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
@@ -20,14 +20,17 @@ from pathlib import Path
 from hfcheck.porter.reference.sample import write_sample
 src, work = Path(sys.argv[1]), Path(sys.argv[2])
 sample = write_sample(src, work / "sample")
-proc = subprocess.run([sys.executable, "-m", "hfcheck", "port", str(sample), "--out", str(work / "ported"), "--serve", "--format", "json"],
-                      capture_output=True, text=True)
-result = json.loads(proc.stdout)
-serve = result.get("serve") or {}
-print(f"port: {result['status']} ({result['path']}, {result['message'][:160]})")
-print(f"serve: backend {serve.get('backend')} vLLM {serve.get('vllm_version')}, tokens {serve.get('server_token_ids')} vs {serve.get('reference_token_ids')}, "
-      f"differences {serve.get('differences')}, TP 2 {serve.get('tp2') and serve['tp2'].get('ok')}, stopped {serve.get('server_stopped')}")
-ok = proc.returncode == 0 and result["status"] == "ported" and serve.get("ok") and serve.get("backend") in ("vllm", "vllm-cpu") and not serve.get("differences")
+ok = True
+for path in ("auto", "rewrite"):  # retarget to a native class, and the in-place rewrite of the remote code
+    proc = subprocess.run([sys.executable, "-m", "hfcheck", "port", str(sample), "--out", str(work / f"ported-{path}"), "--path", path,
+                           "--serve", "--format", "json"], capture_output=True, text=True)
+    result = json.loads(proc.stdout)
+    serve = result.get("serve") or {}
+    print(f"port --path {path}: {result['status']} ({result['path']}, {result['message'][:160]})")
+    print(f"serve: backend {serve.get('backend')} vLLM {serve.get('vllm_version')}, tokens {serve.get('server_token_ids')} vs {serve.get('reference_token_ids')}, "
+          f"differences {serve.get('differences')}, TP 2 {serve.get('tp2') and serve['tp2'].get('ok')}, stopped {serve.get('server_stopped')}")
+    ok = ok and proc.returncode == 0 and result["status"] == "ported" and serve.get("ok") and serve.get("backend") in ("vllm", "vllm-cpu") \
+        and not serve.get("differences")
 sys.exit(0 if ok else 1)
 PY
 fi

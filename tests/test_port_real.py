@@ -244,8 +244,11 @@ def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monk
     [
         # hand-written softmax(QK^T)V with shape checks that raise, in forward
         # (its 4.x tuple cache stays; forward and prepare_inputs_for_generation take v5's empty Cache as None)
+        # (and what real vLLM needs beyond the attention: AutoModel names the base model, the rotary table covers vLLM's
+        # positions, head counts in views are per rank; from_pretrained recomputes the rotary buffers from the recorded arguments)
         ("internlm-20b", "InternLMAttention", (216, 243), "softmax(QK^T)V written by hand",
-         ("maps the empty Cache transformers 5's generate passes to None",)),
+         ("maps the empty Cache transformers 5's generate passes to None", "AutoModel -> modeling_internlm.InternLMModel",
+          "the rotary table also covers position_ids", "take -1 for the head count", "from the arguments it was built with")),
         # a direct SDPA call in the `alibi is None` branch of an if, multi-query k/v kept as [batch*kv, seq, dim]
         # (its packed query_key_value, cut by a helper's view and slices, becomes the .split vLLM fuses)
         ("falcon-7b-instruct-rw", "Attention", (276, 285), "scaled_dot_product_attention at modelling_RW.py:279",

@@ -61,19 +61,25 @@ def module_lists(index: CodeIndex, cls: ClassInfo) -> list[tuple[str, ast.expr, 
     return sorted(out, key=lambda item: (-order[id(item[3])], item[2]))
 
 
+def base_of_head(index: CodeIndex, causal: ClassInfo) -> ClassInfo | None:
+    """The base model a causal-LM class wraps (``self.model = XModel(config)``, or under
+    ``transformer``/``backbone``/``language_model``)."""
+    for attr in ("model", "transformer", "backbone", "language_model"):
+        found = index.self_assign(causal, attr)
+        if found is not None:
+            inst = index.instantiated_classes(found[0], found[1])
+            if inst:
+                return inst[0]
+    return None
+
+
 def find_roles(index: CodeIndex, config: dict[str, Any]) -> Roles:
     autos = auto_map_classes(index, config)
     base = autos.get("AutoModel")
     if base is None:
         causal = next((c for k, c in autos.items() if k.startswith("AutoModelFor")), None)
         if causal is not None:
-            for attr in ("model", "transformer", "backbone", "language_model"):
-                found = index.self_assign(causal, attr)
-                if found is not None:
-                    inst = index.instantiated_classes(found[0], found[1])
-                    if inst:
-                        base = inst[0]
-                        break
+            base = base_of_head(index, causal)
     if base is None:
         candidates = [c for c in index.classes if index.is_module(c) and any(index.instantiated_classes(c, v) for _, v, _, _ in module_lists(index, c))]
         base = next((c for c in candidates if not c.name.endswith(("ForCausalLM", "LMHeadModel"))), None) or (candidates[0] if candidates else None)

@@ -326,6 +326,13 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
     state.built_classes = {}
     for m in reference.run.result.get("modules", []):  # class -> whether any instance holds weights
         state.built_classes[m["class"]] = state.built_classes.get(m["class"], False) or bool(m.get("params") or m.get("persistent"))
+    index, roles = state.roles()
+    early = _auto_map(source.config.get("auto_map") or {}, roles, index)
+    if early.get("AutoModel") != (source.config.get("auto_map") or {}).get("AutoModel"):  # the codemods read the base model from it
+        state.config_edits.append({"op": "set", "key": "auto_map", "value": early})
+        state.change("HFC102", "config.json", "auto_map", f"AutoModel -> {early['AutoModel']} (the base model; it named the causal-LM class)",
+                     "vLLM builds AutoModel and adds its own lm_head; a causal-LM class there nests a second head and its loader "
+                     "strips 'model.' from every checkpoint name")
     for codemod in CODEMODS:
         codemod().apply(state)
     result.seconds["rewrite"] = round(time.perf_counter() - t0, 2)
@@ -337,9 +344,9 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
                           + (f" ({len(state.refusals)} finding(s) need a hand-written change: see not_ported)" if state.refusals else ""))
         return None
 
-    _, roles = state.roles()
-    auto_map = _auto_map(source.config.get("auto_map") or {}, roles)
-    if auto_map != source.config.get("auto_map"):
+    index, roles = state.roles()
+    auto_map = _auto_map(state.ported_config().get("auto_map") or {}, roles, index)
+    if auto_map != state.ported_config().get("auto_map"):
         state.config_edits.append({"op": "set", "key": "auto_map", "value": auto_map})
     defaults = state.config_defaults()
     ported_config = apply_config_edits(source.config, state.config_edits, defaults)
@@ -471,14 +478,24 @@ def _check_out(out_dir: Path, source, force: bool) -> None:
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
 
 
-def _auto_map(auto_map: dict, roles) -> dict:
-    """auto_map naming the ported (local) modules, with the AutoModel entry vLLM resolves."""
+def _auto_map(auto_map: dict, roles, index=None) -> dict:
+    """auto_map naming the ported (local) modules, with the AutoModel entry vLLM resolves: the
+    base model. vLLM builds ``AutoModel`` and adds its own lm_head, mapping checkpoint names onto
+    that pair; an AutoModel naming the causal-LM class itself (a common 4.x Hub config) nests a
+    second head and strips ``model.`` from every name ("no module or parameter named
+    'embed_tokens'" at load)."""
     out = {}
     for key, value in auto_map.items():
         out[key] = value.partition("--")[2] if isinstance(value, str) and "--" in value else value
-    if "AutoModel" not in out and roles.base_model is not None:
-        module = Path(roles.base_model.file).stem
-        out["AutoModel"] = f"{module}.{roles.base_model.name}"
+    base = roles.base_model
+    if index is not None and base is not None and out.get("AutoModel") == out.get("AutoModelForCausalLM"):
+        from hfcheck.analyzer.remote.roles import base_of_head
+
+        base = base_of_head(index, base)
+        if base is not None:
+            out["AutoModel"] = f"{Path(base.file).stem}.{base.name}"
+    elif "AutoModel" not in out and base is not None:
+        out["AutoModel"] = f"{Path(base.file).stem}.{base.name}"
     return out
 
 

@@ -29,6 +29,7 @@ from hfcheck.porter.port.codemods.packed_qkv import PackedQKV
 from hfcheck.porter.port.codemods.plans import ParallelPlans
 from hfcheck.porter.port.codemods.projections import ActivationModule, InlineProjectionHelpers
 from hfcheck.porter.port.codemods.removed_apis import HeadMask, RemovedApis
+from hfcheck.porter.port.codemods.rotary_positions import RotaryPositions
 from hfcheck.porter.port.codemods.tied_weights import TiedWeights
 
 CODEMODS = (
@@ -39,6 +40,7 @@ CODEMODS = (
     TiedWeights,
     GenerationBase,
     TupleCache,
+    RotaryPositions,
     LayerIndex,
     KwargsPropagation,
     InlineProjectionHelpers,

@@ -71,6 +71,8 @@ EAGER = '''def {name}(module, query, key, value, attention_mask, scaling=None, d
     return attn_output.transpose(1, 2).contiguous(), attn_weights
 '''
 
+HEAD_COUNTS = {"num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "num_kv", "n_head", "n_heads", "n_kv_heads",
+               "num_attention_heads_per_partition", "num_multi_query_groups_per_partition"}
 WHY_DISPATCH = "vLLM serves attention only through ALL_ATTENTION_FUNCTIONS; a layer computing it itself is refused at load"
 
 
@@ -229,6 +231,8 @@ class AttentionInterface(Codemod):
                              f"config.json sets sliding_window = {window}: the proof runs a few tokens, far inside any window, so whether the "
                              "original windows its attention is not checked; vLLM windows only layers whose layer_types say sliding_attention")
             if done:
+                for plan in done:
+                    module = self._per_rank_views(state, module, plan)
                 module = self._module_level(state, module, file, done[0].cls)
                 save(state, file, module)
                 ported.update(p.cls for p in done)
@@ -349,14 +353,19 @@ class AttentionInterface(Codemod):
             call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
         new = [cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {self._eager_name(module)})\n"),
                cu.stmt(call)]
-        if plan.out_layout == "bsD":
-            new.append(cu.stmt(f"{plan.out} = {plan.out}.reshape(*{plan.out}.shape[:-2], -1).contiguous()\n"))
-        elif plan.out_layout == "bhsd":
-            new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n"))
-        elif plan.out_layout == "sbD":  # sequence-first code
-            new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(0, 1).flatten(2).contiguous()\n"))
-        elif plan.out_layout == "sbhd":
-            new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(0, 1)\n"))
+        # the interface returns [batch, seq, heads, head_dim] in transformers and [tokens, heads * head_dim] in vLLM:
+        # reshape by the layer input's own shape, as transformers' models do
+        params = cu.param_names(forward)
+        if len(params) < 2:
+            raise Refused("forward takes no input to read the token shape from")
+        o, x, head = plan.out, params[1], plan.head_attr
+        if plan.out_layout in ("bshd", "bhsd", "sbhd") and head is None:
+            raise Refused("the statements after the attention want heads split, and the module keeps no head size attribute")
+        shape = {"bsD": f"*{x}.shape[:-1], -1", "bshd": f"*{x}.shape[:-1], -1, {head}", "bhsd": f"*{x}.shape[:-1], -1, {head}",
+                 "sbD": f"{x}.shape[1], {x}.shape[0], -1", "sbhd": f"{x}.shape[1], {x}.shape[0], -1, {head}"}[plan.out_layout]
+        tail = {"bsD": ".contiguous()", "bshd": "", "bhsd": ".transpose(1, 2)", "sbD": ".transpose(0, 1).contiguous()",
+                "sbhd": ".transpose(0, 1)"}[plan.out_layout]
+        new.append(cu.stmt(f"{o} = {o}.reshape({shape}){tail}\n"))
         if plan.returns:
             # two edits in one class: the lower one first, so the other's line numbers hold
             edits = [(plan.caller_line, "forward", plan.caller_line, [cu.stmt(f"{q}, {k}, {v} = {plan.caller_call}\n")] + new),
@@ -435,6 +444,34 @@ class AttentionInterface(Codemod):
                      f"lines {split.start_line}-{split.end_line}: the cut of self.{split.packed}'s output -> "
                      f".split((self.q_size, self.kv_size, self.kv_size), dim=-1) {rows}",
                      "vLLM shards and fuses a packed projection only when it reads this split")
+        return module
+
+    def _per_rank_views(self, state, module: cst.Module, plan) -> cst.Module:
+        """``x.view(b, s, self.num_heads, self.head_dim)`` -> ``x.view(b, s, -1, self.head_dim)`` in the
+        rewritten forward: under tensor parallelism each rank's projection holds only its share of
+        the heads, so a view naming the total count fails ("shape ... is invalid for input of size
+        ..."); transformers' own models write -1 there."""
+        done: list[str] = []
+
+        def swap(node):
+            if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("view", "reshape")):
+                return None
+            heads = [i for i, a in enumerate(node.args) if cu.is_self_attr(a.value) and a.value.attr.value in HEAD_COUNTS]
+            if len(heads) != 1 or any(cu.code(a.value).strip() == "-1" for a in node.args):
+                return None
+            done.append(cu.code(node.args[heads[0]].value))
+            return node.with_changes(args=[a.with_changes(value=cst.UnaryOperation(cst.Minus(), cst.Integer("1"))) if i == heads[0] else a
+                                           for i, a in enumerate(node.args)])
+
+        classdef = cu.top_class(module, plan.cls)
+        for name in {plan.function, "forward"}:
+            method = cu.method(classdef, name)
+            if method is not None:
+                classdef = cu.replace_in_body(classdef, method, cu.replace_nodes(method, swap))
+        if done:
+            module = cu.replace_top(module, cu.top_class(module, plan.cls), classdef)
+            state.change("HFC501", plan.file, f"{plan.cls}.forward", f"{len(done)} view(s) of the projections take -1 for the head count "
+                         f"({', '.join(sorted(set(done)))})", "under tensor parallelism each rank holds only its share of the heads")
         return module
 
     def _module_level(self, state, module: cst.Module, file: str, cls_name: str) -> cst.Module:

@@ -34,43 +34,56 @@ class BufferInit(Codemod):
             return
         root = roots[0]
         targets: dict[str, str] = {}  # class -> config expression (seen from the PreTrainedModel)
+        recorded: list[str] = []  # classes rebuilt from the arguments they were built with
         for cls in index.classes:
             if cls.file != root.file or index.is_pretrained_model(cls) or "__init__" not in cls.methods:
                 continue
             if not _registers_transient_buffer(cls.methods["__init__"]) or "original_inv_freq" in cls.self_assigns:
                 continue
             init = cls.methods["__init__"]
-            if len(init.args.args) - len(init.args.defaults) != 2:
-                continue  # built from more than a config: cannot be rebuilt generically
-            arg = _construction_arg(index, cls.name)
-            if arg is None:
-                state.refuse("v5", cls.file, cls.name, "its non-persistent buffers stay uninitialised after from_pretrained; it is not built as Cls(config)")
-                continue
-            targets[cls.name] = arg
-        if not targets:
+            arg = _construction_arg(index, cls.name) if len(init.args.args) - len(init.args.defaults) == 2 else None
+            if arg is not None:
+                targets[cls.name] = arg
+            elif init.args.vararg is None and init.args.kwarg is None:
+                recorded.append(cls.name)
+            else:
+                state.refuse("v5", cls.file, cls.name, "its non-persistent buffers stay uninitialised after from_pretrained; it is built "
+                                                       "neither as Cls(config) nor from named arguments alone")
+        config_exprs = set(targets.values())
+        if (not targets and not recorded) or len(config_exprs) > 1:
             return
         module = parse(state, root.file)
+        for name in recorded:  # remember the arguments, so the buffers can be recomputed after loading
+            module = cu.edit_class(module, name, lambda c: cu.edit_method(c, "__init__", _remember_arguments))
         rootdef = cu.top_class(module, root.name)
         existing = cu.method(rootdef, "_init_weights")
-        names = ", ".join(sorted(targets))
-        config_exprs = set(targets.values())
-        if len(config_exprs) != 1:
-            return
-        config_expr = next(iter(config_exprs))
+        param = cu.param_names(existing)[1] if existing is not None and len(cu.param_names(existing)) > 1 else "module"
+        branches = _branch(param, ", ".join(sorted(targets)), next(iter(config_exprs))) if targets else ""
+        if recorded:
+            branches += _branch(param, ", ".join(sorted(recorded)), f"**{param}._hfcheck_init_args")
         if existing is not None:
-            param = cu.param_names(existing)[1] if len(cu.param_names(existing)) > 1 else "module"
-            block = cu.stmts(_branch(param, names, config_expr))
-            new = cu.with_body(existing, cu.body_of(existing) + block)
-            rootdef = cu.replace_in_body(rootdef, existing, new)
+            rootdef = cu.replace_in_body(rootdef, existing, cu.with_body(existing, cu.body_of(existing) + cu.stmts(branches)))
         else:
             src = ("def _init_weights(self, module):\n    super()._init_weights(module)\n"
-                   + "".join(f"    {line}\n" for line in _branch("module", names, config_expr).splitlines()))
-            method = cu.stmt(src).with_changes(leading_lines=[cst.EmptyLine()])
-            rootdef = cu.with_body(rootdef, cu.body_of(rootdef) + [method])
+                   + "".join(f"    {line}\n" for line in branches.splitlines()))
+            rootdef = cu.with_body(rootdef, cu.body_of(rootdef) + [cu.stmt(src).with_changes(leading_lines=[cst.EmptyLine()])])
         module = cu.replace_top(module, cu.top_class(module, root.name), rootdef)
         module = cu.ensure_import(module, "import torch\n", "torch")
         save(state, root.file, module)
-        state.change("v5", root.file, f"{root.name}._init_weights", f"rebuilds {names} from the config after loading and copies its non-persistent buffers", WHY)
+        names = ", ".join(sorted(targets) + sorted(recorded))
+        how = " from the arguments it was built with" if recorded else " from the config"
+        state.change("v5", root.file, f"{root.name}._init_weights", f"rebuilds {names}{how} after loading and copies its non-persistent buffers",
+                     WHY)
+
+
+def _remember_arguments(func: cst.FunctionDef) -> cst.FunctionDef:
+    """``self._hfcheck_init_args = dict(a=a, ...)`` first in ``__init__`` (after a docstring)."""
+    params = cu.param_names(func)[1:]
+    body = cu.body_of(func)
+    small = cu.simple(body[0]) if body else None
+    at = 1 if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)) else 0
+    body.insert(at, cu.stmt(f"self._hfcheck_init_args = dict({', '.join(f'{p}={p}' for p in params)})  # to rebuild it after loading\n"))
+    return cu.with_body(func, body)
 
 
 def _branch(param: str, names: str, config_expr: str) -> str:

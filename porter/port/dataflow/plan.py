@@ -33,6 +33,7 @@ class CorePlan:
     split: SplitPlan | CoreRefusal | None = None  # the packed q/k/v projection feeding it, if any
     groups: str | None = None  # __init__ expression for num_key_value_groups (sdpa repeats k/v by it) when heads are grouped
     softcap: float | None = None  # the logit softcap c of c * tanh(scores / c) (vLLM: config.attn_logit_softcapping)
+    head_attr: str | None = None  # ``self.<attr>`` holding the head size, when the module has one
     function: str = "forward"  # the method holding the region (a helper of forward, e.g. _forward_self_attn)
     returns: bool = False  # the region ends that helper: it will return q, k and v instead
     caller_line: int = 0  # the statement of forward that calls the helper (the interface call goes there: vLLM reads forward)

@@ -15,6 +15,7 @@ from hfcheck.porter.port.dataflow.source import (
     attr_like,
     block_of,
     bound_names,
+    head_size_attr,
     live_after,
     method_of,
     scaling_source,
@@ -255,6 +256,7 @@ def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_p
     plan = CorePlan(cls, file, stmt_span(block[start])[0], stmt_span(region[-1])[1], call_line, exprs[0], exprs[1], exprs[2], out_name, layouts[3],
                     weights, mask, scaling, scaling_init, dropout, what, err)
     plan.groups = groups
+    plan.head_attr = head_size_attr(head_dim, scalars)
     plan.softcap = softcap
     try:
         plan.split = split_plan(g, frame, uid, text, func, (q_node, k_node, v_node), scalars, stmt_span(block[start])[0])
