@@ -533,14 +533,7 @@ class AttentionInterface(Codemod):
             raise Refused(f"the softmax scale `{src}` depends on the tensors; compute it in __init__ first")
         if not names <= {"self", "math", "torch"}:
             raise Refused(f"the softmax scale `{src}` uses local variables of forward; compute it in __init__ first")
-        for attr in ("scaling", "softmax_scale", "attn_scaling"):
-            existing = index.self_assign(cls, attr)
-            if existing is None:
-                init_adds.append((attr, src, "end"))
-                return f"self.{attr}"
-            if ast.dump(existing[1]) == ast.dump(ast.parse(src, mode="eval").body):
-                return f"self.{attr}"
-        raise Refused("no free attribute name for the softmax scale")
+        return self._scaling_attr(index, cls, src, init_adds)
 
     # ------------------------------------------------------------------ recognition
 

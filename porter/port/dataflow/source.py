@@ -37,13 +37,12 @@ def stmt_span(s: ast.stmt) -> tuple[int, int]:
     return first, s.end_lineno or s.lineno
 
 
+def _names(nodes: list[ast.stmt], ctx: type) -> set[str]:
+    return {n.id for s in nodes for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
+
+
 def read_names(nodes: list[ast.stmt]) -> set[str]:
-    out = set()
-    for s in nodes:
-        for n in ast.walk(s):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-                out.add(n.id)
-    return out
+    return _names(nodes, ast.Load)
 
 
 def live_after(name: str, stmts: list[ast.stmt]) -> bool:
@@ -57,12 +56,7 @@ def live_after(name: str, stmts: list[ast.stmt]) -> bool:
 
 
 def bound_names(nodes: list[ast.stmt]) -> set[str]:
-    out = set()
-    for s in nodes:
-        for n in ast.walk(s):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                out.add(n.id)
-    return out
+    return _names(nodes, ast.Store)
 
 
 def method_of(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
