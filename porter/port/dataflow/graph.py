@@ -96,7 +96,7 @@ class Dataflow:
 
     def _hand_core(self, i: int) -> Core | None:
         scores, probs = self.ops[i]["in"][0], self.ops[i]["out"][0]
-        qk = self._nearest_producer(scores, MATMUL, backwards=True)
+        qk = self._nearest_producer(scores, MATMUL)
         if qk is None:
             return None
         q_in, kt_in = self.ops[qk]["in"][-2:]
@@ -114,7 +114,7 @@ class Dataflow:
             return self.ops[p]["in"][0]
         return node
 
-    def _nearest_producer(self, node: int, names: set[str], backwards: bool) -> int | None:
+    def _nearest_producer(self, node: int, names: set[str]) -> int | None:
         seen = {node}
         frontier = [node]
         while frontier:
