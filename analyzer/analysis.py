@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfcheck.analyzer.facts import ModelFacts, collect_facts
+from hfcheck.analyzer.facts.processor import ProcessorFacts, collect_processor_facts
 from hfcheck.analyzer.fusions.base import FusionContext
 from hfcheck.analyzer.graph.observe import Observations, observe
 from hfcheck.analyzer.instance import (
@@ -39,6 +40,8 @@ class Analysis:
     """The sandboxed remote-code run (``--trust-remote-code``), when there was one."""
     checkpoint: CheckpointNames | None = None
     """The causal-LM class's parameter names as vLLM's weight loader meets them."""
+    processor: ProcessorFacts | None = None
+    """The HF processor vLLM's multimodal path builds (None: the model has no processor side)."""
 
     @property
     def fusion_context(self) -> FusionContext:
@@ -83,6 +86,7 @@ def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeou
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     facts, cfg_obj = collect_facts(source.config)
+    processor = collect_processor_facts(source.processor, source.config) if facts.multimodal or source.processor.has_processor_config else None
     timings["facts"] = time.perf_counter() - t0
     cls, origin = resolve_transformers_class(facts)
     instance = observations = sandbox = None
@@ -119,4 +123,4 @@ def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeou
         t3 = time.perf_counter()
         checkpoint = checkpoint_names(facts, cfg_obj, cls, instance.model)
         timings["checkpoint"] = time.perf_counter() - t3
-    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox, checkpoint)
+    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox, checkpoint, processor)

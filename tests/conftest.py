@@ -23,12 +23,13 @@ def causal_lm_architecture(model_type: str) -> str:
     return name
 
 
-def write_model(folder: Path, model_type: str, **overrides) -> Path:
-    """A local model folder holding the architecture's default config.json (+ overrides)."""
+def write_model(folder: Path, model_type: str, architecture: str | None = None, **overrides) -> Path:
+    """A local model folder holding the architecture's default config.json (+ overrides);
+    ``architecture`` names the class (default: the type's causal-LM class)."""
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type, **overrides).to_dict()
-    config["architectures"] = [causal_lm_architecture(model_type)]
+    config["architectures"] = [architecture or causal_lm_architecture(model_type)]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
     return folder

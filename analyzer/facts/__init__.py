@@ -57,6 +57,13 @@ class ModelFacts:
     routed_scaling_factor: float = 1.0
     vllm_native: bool | None = None
     vllm_table_version: str = V.VLLM_VERSION_MODELLED
+    multimodal: bool = False
+    """The config nests its text config (``config.get_text_config() is not config``): what vLLM
+    reads as multimodal (``_get_transformers_backend_cls`` and ``Base._get_attn_cls``)."""
+    towers: list[str] = field(default_factory=list)
+    """The config's non-text sub-configs that build encoders (``vision_config``, ``audio_config``)."""
+    text_config_key: str | None = None
+    """Where a plain-dict (remote) config keeps its text model's fields, when not at the top."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -146,17 +153,53 @@ def transformers_config(config: dict[str, Any]):
         raise FactsError(f"config.json is not a valid {model_type} config: {reason[:240]}") from None
 
 
-def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str]:
-    """The text config (object when known, else dict) and its model_type."""
+TEXT_SUBCONFIG_KEYS = ("text_config", "llm_config", "language_config", "language_model_config", "decoder", "generator", "text_model_config")
+"""Where remote-code composite configs keep their language model's fields, in the order tried:
+transformers' own names first (``get_text_config``), then the ones real remote VLMs use
+(InternVL's ``llm_config``, DeepSeek-VL's ``language_config``)."""
+
+TOWER_KEYS = ("vision_config", "audio_config", "vision_tower_config", "visual", "speech_config", "encoder_config")
+"""Sub-configs of encoders whose outputs a multimodal model feeds its language model."""
+
+
+def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str, str | None]:
+    """The text config (object when known, else dict), its model_type, and (plain-dict configs)
+    the key it was found under when it is not the top level."""
     if cfg_obj is not None:
         from hfcheck.analyzer.instance import text_config_of
 
         text = text_config_of(cfg_obj)
-        return text, getattr(text, "model_type", None) or config.get("model_type", "")
-    text = config.get("text_config")
-    if isinstance(text, dict):
-        return text, text.get("model_type", config.get("model_type", ""))
-    return config, config.get("model_type", "")
+        return text, getattr(text, "model_type", None) or config.get("model_type", ""), None
+    if first_of(config, V.LAYER_FIELDS) is None:
+        for key in TEXT_SUBCONFIG_KEYS:
+            text = config.get(key)
+            if isinstance(text, dict) and first_of(text, V.LAYER_FIELDS) is not None:
+                return text, text.get("model_type", config.get("model_type", "")), key
+    return config, config.get("model_type", ""), None
+
+
+def is_multimodal(config: dict[str, Any], cfg_obj: Any) -> bool:
+    """vLLM's test (``config != config.get_text_config()``): the config nests a text config.
+    A plain-dict (remote) config counts when it holds one under a name ``get_text_config`` looks
+    for (a remote config class that overrides ``get_text_config`` is not executed, so not seen)."""
+    if cfg_obj is not None:
+        try:
+            return cfg_obj.get_text_config() is not cfg_obj
+        except ValueError:  # several text configs: transformers refuses to choose, so does vLLM
+            return True
+    return any(isinstance(config.get(k), dict) for k in ("text_encoder", "decoder", "generator", "text_config"))
+
+
+def tower_keys(config: dict[str, Any], cfg_obj: Any) -> list[str]:
+    """The encoder sub-configs the config declares (known to transformers or plain dicts)."""
+    out = []
+    for key in TOWER_KEYS:
+        value = getattr(cfg_obj, key, None) if cfg_obj is not None else None
+        if value is None:
+            value = config.get(key)
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            out.append(key)
+    return out
 
 
 def _count(value: Any) -> int | None:
@@ -190,12 +233,15 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         raise FactsError(
             f"model_type {model_type!r} is unknown to transformers {_transformers_version()} and config.json has no auto_map"
         )
-    text, text_type = _text_view(config, cfg_obj)
+    text, text_type, text_key = _text_view(config, cfg_obj)
     get = lambda *names, default=None: first_of(text, names, default)  # noqa: E731
 
     num_layers = _count(get(*V.LAYER_FIELDS))
     if num_layers is None or num_layers <= 0:
-        raise FactsError("config.json has no layer count (num_hidden_layers)")
+        raise FactsError(
+            "config.json has no layer count (num_hidden_layers), neither at the top nor in a text sub-config"
+            f" ({', '.join(TEXT_SUBCONFIG_KEYS[:3])}, ...)"
+        )
     hidden = _count(get(*V.HIDDEN_FIELDS))
     heads = _count(get(*V.HEAD_FIELDS))
     kv_heads = _count(get(*V.KV_HEAD_FIELDS, default=heads))
@@ -245,7 +291,12 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         routed_scaling_factor=_scaling(get("routed_scaling_factor", default=1.0)),
         vllm_native=native,
         vllm_table_version=table_version,
+        multimodal=is_multimodal(config, cfg_obj),
+        towers=tower_keys(config, cfg_obj),
+        text_config_key=text_key,
     )
+    if text_key:
+        facts.notes.append(f"the language model's fields are read from config.json's {text_key!r}")
     if facts.num_shared_experts == 0 and _count(get("shared_expert_intermediate_size")):
         facts.num_shared_experts = 1
     return facts, cfg_obj

@@ -44,6 +44,13 @@ def peel(node: object) -> object:
     return node
 
 
+def linears_share_an_input(graph: fx.Graph, module: nn.Module) -> bool:
+    """Do two linear children read the same value (casts peeled)? A gated MLP's gate and up
+    projections do; an ``fc1 -> act -> fc2`` MLP's do not, so it has nothing to merge."""
+    inputs = [peel(node.args[0]) for node in graph.nodes if is_linear(node, module) and node.args]
+    return len(inputs) != len(set(inputs))
+
+
 def is_fn(node: object, target: object) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
 

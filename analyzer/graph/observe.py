@@ -31,7 +31,7 @@ from hfcheck.analyzer.fusions.moe import (
     experts_replaceable,
     vllm_expert_count,
 )
-from hfcheck.analyzer.graph.nodes import attention_key_value_linears
+from hfcheck.analyzer.graph.nodes import attention_key_value_linears, linears_share_an_input
 
 
 @dataclass
@@ -55,6 +55,11 @@ class ModuleObservation:
     key_value_widths: tuple[int, int] | None = None
     """For an attention module: the out-features of its key and of its value projection, where
     each is a linear of its own (kv heads x the key / value head size)."""
+    linears_share_input: bool | None = None
+    """Whether two of its linear children read the same value (None: no complete trace to tell)."""
+    component: str | None = None
+    """For a multimodal model: the top-level child outside the language model that holds this
+    module (``vision_tower``, ``multi_modal_projector``, ...); None inside the language model."""
 
 
 @dataclass
@@ -72,6 +77,18 @@ class Observations:
     linear_forwards_lost: list[tuple[str, str, str]] = field(default_factory=list)
     """(path, class, what its own forward does beyond ``x @ W.T + b``) for each nn.Linear subclass
     vLLM replaces by its own linear (``linear_forward_lost``)."""
+    decoder_path: str = ""
+    """Where ``get_decoder()`` sits in the model ("" when the model is its own decoder)."""
+    language_model_attr: str | None = None
+    """The first of ``language_model`` / ``text_model`` the model has (vLLM's ``get_language_model``)."""
+    encoder_classes: dict[str, str] = field(default_factory=dict)
+    """Modality -> encoder class, as vLLM's ``_find_encoder_classes`` finds them (``get_encoder``)."""
+    multihead_attention: list[str] = field(default_factory=list)
+    """Paths of ``nn.MultiheadAttention`` modules (their ``out_proj`` is an nn.Linear subclass)."""
+
+    def tower_modules(self) -> list[ModuleObservation]:
+        """Modules outside the language model (vision/audio towers, projectors)."""
+        return [m for m in self.modules if m.component is not None]
 
     def module_classes(self, keep=lambda m: True) -> list[ModuleObservation]:
         """The first instance of each module class that ``keep`` accepts (rules judge classes)."""
@@ -191,6 +208,8 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
             linear_children=sum(isinstance(c, nn.Linear) for c in module.children()),
             matches=list(inst.chosen),
         )
+        if cf.trace is not None and cf.trace.graph is not None and cf.trace.complete:
+            obs.linears_share_input = linears_share_an_input(cf.trace.graph, module)
         for m in inst.chosen:
             if m.projections:
                 obs.projections[m.fusion] = m.projections
@@ -234,6 +253,10 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
 
     visit(model, "")
     decoder = _decoder(model)
+    decoder_path = next((name for name, m in model.named_modules() if m is decoder), "")
+    components = _components(model, decoder_path)
+    for obs in modules:
+        obs.component = components(obs.path)
     lists = [n for n, c in decoder.named_children() if isinstance(c, nn.ModuleList) and next(c.parameters(), None) is not None]
     tp_plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
     pp_plan = getattr(model, "_pp_plan", None) or None
@@ -249,4 +272,41 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
         pp_plan=dict(pp_plan) if pp_plan else None,
         graph=graph,
         linear_forwards_lost=linear_lost,
+        decoder_path=decoder_path,
+        language_model_attr=next((n for n in ("language_model", "text_model") if getattr(model, n, None) is not None), None),
+        encoder_classes=_encoder_classes(model),
+        multihead_attention=[name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)],
     )
+
+
+def _components(model: nn.Module, decoder_path: str):
+    """path -> the top-level child outside the language model that holds it (None inside it).
+    A text model (its own decoder) has no such components."""
+    if not decoder_path:
+        return lambda path: None
+    language = decoder_path.split(".")[0]
+
+    def component(path: str) -> str | None:
+        top = path.split(".")[0]
+        if not path or top == language or path == decoder_path or path.startswith(decoder_path + "."):
+            return None
+        return top
+
+    return component
+
+
+def _encoder_classes(model: nn.Module) -> dict[str, str]:
+    """vLLM's ``MultiModalMixin._find_encoder_classes``: for each modality, ``get_encoder``'s class
+    where it is not the model itself (what ``compile_mm_encoder`` decorates)."""
+    out: dict[str, str] = {}
+    get_encoder = getattr(model, "get_encoder", None)
+    if get_encoder is None:
+        return out
+    for modality in ("image", "video", "audio"):
+        try:
+            encoder = get_encoder(modality=modality)
+        except (TypeError, ValueError):
+            continue
+        if type(encoder) is not type(model):
+            out[modality] = type(encoder).__name__
+    return out

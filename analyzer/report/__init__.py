@@ -13,6 +13,7 @@ from typing import Any
 import hfcheck
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.analysis import Analysis
+from hfcheck.analyzer.facts.runner import backend_class
 from hfcheck.analyzer.remote import code_findings
 from hfcheck.analyzer.report.memory import estimate, suggested_parallelism
 from hfcheck.analyzer.rules.base import Finding
@@ -26,7 +27,7 @@ from hfcheck.analyzer.rules.registry import RULES
 from hfcheck.analyzer.verdict import score_of, verdict_of
 from hfcheck.analyzer.vllm_release import modelled_version
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 """1.1: ``serve`` (which implementation the serve command uses, and why) and
 ``parallel.tp.refusal_scope`` (whether a refused TP size is refused by every backend)."""
 
@@ -119,7 +120,11 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
             "remote_code": bool(facts.auto_map),
             "vllm_native": facts.vllm_native,
             "parameters": mem.parameters if mem else None,
+            "multimodal": facts.multimodal,
+            "towers": facts.towers,
+            "vllm_backend_class": backend_class(facts.architectures, facts.multimodal, facts.is_moe).name,
         },
+        "processor": analysis.processor.to_dict() if analysis.processor else None,
         "blockers": [f.message for f in blockers],
         "checks": [f.to_dict() for f in findings],
         "modules": list(modules.values()),

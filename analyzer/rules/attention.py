@@ -202,24 +202,50 @@ class EncoderModels(Rule):
     code = "HFC204"
     name = "encoder-decoder"
     impact = "blocker"
-    what = "Encoder-decoder models are refused; encoder-only models (is_causal = False) are served with encoder attention, which cannot generate."
-    why = "vLLM's transformers backend treats any text model with a non-causal attention module as encoder-only and does not support encoder-decoder models."
-    example = "t5, bart (is_encoder_decoder: true): refused"
+    what = (
+        "Encoder-decoder models are refused; a text model with a non-causal attention module (is_causal = False) is "
+        "served with encoder-only attention, which cannot generate. Multimodal models are not: their towers may be "
+        "bidirectional, and their language model gets decoder attention."
+    )
+    why = (
+        "vLLM's transformers backend (`Base._get_attn_cls`, 0.32 and 0.33) returns EncoderOnlyAttention when "
+        "`has_encoder(model) and not is_multimodal(config)`, with `is_multimodal = config != config.get_text_config()`: "
+        "any module with is_causal = False makes a *text* model encoder-only. A multimodal model always gets causal "
+        "decoder attention for its language model, so a bidirectional language model there is computed causally."
+    )
+    example = "t5, bart (is_encoder_decoder: true): refused; Gemma 3 (bidirectional SigLIP tower): decoder attention, served"
     fix = "Use a decoder-only checkpoint, or a native vLLM implementation where one exists."
 
     def check(self, analysis) -> list[Finding]:
-        if analysis.facts.is_encoder_decoder:
+        facts = analysis.facts
+        if facts.is_encoder_decoder:
             return [self.failed("encoder-decoder model: vLLM's transformers backend does not support it")]
         from hfcheck.analyzer.instance import generates
 
         obs = analysis.observations
-        if obs is not None and obs.encoder_attention:
-            if generates(analysis.transformers_class):
-                return [self.failed(
-                    f"{analysis.transformers_class.__name__} generates, but {obs.encoder_attention[0]} has is_causal = False: vLLM "
-                    "serves the model with encoder-only attention, which keeps no KV cache, and generation stops at start "
-                    "('requires at least one cacheable group')",
-                    "Set is_decoder = True in config.json (causal attention), or serve the base model for pooling.",
-                )]
-            return [self.noted(f"encoder-only: {obs.encoder_attention[0]} has is_causal = False; served with encoder attention (pooling, not generation)")]
-        return [self.passed("decoder-only")]
+        if obs is None or not obs.encoder_attention:
+            return [self.passed("decoder-only")]
+        if facts.multimodal:
+            return self._multimodal(obs)
+        if generates(analysis.transformers_class):
+            return [self.failed(
+                f"{analysis.transformers_class.__name__} generates, but {obs.encoder_attention[0]} has is_causal = False: vLLM "
+                "serves the model with encoder-only attention, which keeps no KV cache, and generation stops at start "
+                "('requires at least one cacheable group')",
+                "Set is_decoder = True in config.json (causal attention), or serve the base model for pooling.",
+            )]
+        return [self.noted(f"encoder-only: {obs.encoder_attention[0]} has is_causal = False; served with encoder attention (pooling, not generation)")]
+
+    def _multimodal(self, obs) -> list[Finding]:
+        components = {m.path: m.component for m in obs.modules}
+        in_language = [p for p in obs.encoder_attention if components.get(p) is None]
+        if in_language:
+            return [self.failed(
+                f"{in_language[0]} (language model) has is_causal = False, but vLLM gives a multimodal model's language "
+                "model causal decoder attention: its outputs differ from transformers'",
+                "Serve it with a native vLLM implementation, or make the language model causal.",
+            )]
+        towers = sorted({components[p] for p in obs.encoder_attention if components.get(p)})
+        return [self.passed(
+            f"multimodal: bidirectional attention only in {', '.join(towers)}; vLLM gives the language model decoder attention"
+        )]

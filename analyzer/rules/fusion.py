@@ -64,7 +64,10 @@ class GatedMLP(Rule):
     impact = "speed"
     what = "Gated MLPs `act(gate(x)) * up(x)` fuse into `gate_up_proj` + a fused act-and-mul kernel, with a row-parallel down projection."
     why = "Unfused, gate and up run as two replicated GEMMs plus an unfused activation: slower than native and not sharded under TP."
-    example = "an activation without a fused kernel (e.g. relu2) or gate/up of different sizes: no glu"
+    example = (
+        "an activation without a fused kernel (e.g. relu2) or gate/up of different sizes: no glu. "
+        "CLIPMLP / SiglipMLP (fc1 -> act -> fc2, no gate): nothing to fuse, noted only"
+    )
     fix = "Call `self.act_fn(self.gate_proj(x)) * self.up_proj(x)` with an ACT2FN activation that has a fused kernel (silu, gelu, gelu_pytorch_tanh) and equal gate/up sizes."
 
     def check(self, analysis) -> list[Finding]:
@@ -73,7 +76,9 @@ class GatedMLP(Rule):
             return [self.inconclusive("no instance to trace")]
         out = []
         for m in obs.module_classes(_looks_like_mlp):
-            if "glu" in m.fusions:
+            if m.linears_share_input is False and not m.fusions:
+                out.append(self.noted(f"{m.cls}: no gate (each linear reads the previous one's output): nothing to fuse", module=m.cls))
+            elif "glu" in m.fusions:
                 out.append(self.passed(f"{m.cls}: glu fuses {' + '.join(m.projections['glu'])}", module=m.cls))
             elif "merged_column" in m.fusions:
                 out.append(self.warned(f"{m.cls}: only merged_column ({_why_not(m, {'glu'})})", module=m.cls))

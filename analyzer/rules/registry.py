@@ -22,6 +22,7 @@ from hfcheck.analyzer.rules.moe import (
     MoEConfigFields,
     RoutingInputs,
 )
+from hfcheck.analyzer.rules.multimodal import MULTIMODAL_RULES
 from hfcheck.analyzer.rules.parallel import (
     PipelineParallel,
     TensorParallelPlan,
@@ -63,6 +64,7 @@ RULES: tuple[type[Rule], ...] = (
     TensorParallelSizes,
     PipelineParallel,
     Quantization,
+    *MULTIMODAL_RULES,
     *REMOTE_CODE_RULES,
 )
 

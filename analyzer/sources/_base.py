@@ -6,9 +6,11 @@ without a circular import; ``hfcheck.analyzer.sources`` re-exports them as the p
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .processor_files import ProcessorFiles
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class ModelSource:
     missing_code: tuple[str, ...]  # "file.py: why it could not be obtained", one line each
     location: str | None  # local folder / snapshot folder path
     note: str | None  # a label for the output, e.g. that the bundled snapshot was used
+    processor: ProcessorFiles = field(default_factory=ProcessorFiles)
+    """The processor files (multimodal models): configs as data, remote processor code as text."""
 
 
 class SourceError(Exception):

@@ -49,18 +49,27 @@ def unsafe_name_reason(name: str) -> str | None:
     return None
 
 
-def auto_map_references(config: dict[str, Any]) -> Iterator[str]:
-    """Yield the config/model class references of ``config["auto_map"]``, in order.
+def is_model_key(key: str) -> bool:
+    """auto_map entries that build the model: its config and model classes."""
+    return key == "AutoConfig" or key.startswith("AutoModel")
 
-    Tokenizer/processor entries are skipped: they do not affect loading or sharding the
-    model, and the tokenizer ones are ``[slow, fast]`` lists that may hold None.
+
+PROCESSOR_KEYS = ("AutoProcessor", "AutoImageProcessor", "AutoVideoProcessor", "AutoFeatureExtractor")
+"""auto_map entries that build a multimodal model's processor (its tokenizer is the text side's)."""
+
+
+def auto_map_references(config: dict[str, Any], keep: Callable[[str], bool] = is_model_key) -> Iterator[str]:
+    """Yield the class references of ``config["auto_map"]`` whose key ``keep`` accepts, in order
+    (by default the config/model classes).
+
+    Tokenizer entries are never wanted: they are ``[slow, fast]`` lists that may hold None.
     Non-string values are yielded as their repr so the caller reports them as malformed.
     """
     auto_map = config.get("auto_map")
     if not isinstance(auto_map, dict):
         return
     for key, value in auto_map.items():
-        if not isinstance(key, str) or not (key == "AutoConfig" or key.startswith("AutoModel")):
+        if not isinstance(key, str) or not keep(key):
             continue
         for item in value if isinstance(value, (list, tuple)) else (value,):
             if item is None:
@@ -117,6 +126,7 @@ def collect_code(
     config: dict[str, Any],
     fetch_own: Fetch,
     fetch_other: Callable[[str], Fetch],
+    keep: Callable[[str], bool] = is_model_key,
 ) -> tuple[dict[str, str], tuple[str, ...]]:
     """Gather auto_map code files and their relative imports: (code_files, missing_code).
 
@@ -132,7 +142,7 @@ def collect_code(
     seen: set[tuple[str | None, str]] = set()
     queue: list[tuple[str | None, str, str | None]] = []  # (repo, filename, imported by)
 
-    for reference in auto_map_references(config):
+    for reference in auto_map_references(config, keep):
         try:
             repo, filename = split_reference(reference)
         except CodeUnavailable as exc:

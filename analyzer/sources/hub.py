@@ -30,6 +30,7 @@ from huggingface_hub.utils import validate_repo_id
 from ._base import ModelSource, SourceError, first_line, read_config, read_generation_config
 from .bundled import bundled_dir, load_bundled
 from .code_files import CodeUnavailable, Fetch, collect_code
+from .processor_files import collect_processor_files
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx
     from httpx2 import TransportError
@@ -156,9 +157,9 @@ def resolve_hub(ref: str) -> ModelSource:
         generation_file: Path | None = session.download(repo_id, "generation_config.json", pinned)
     except HUB_ERRORS:  # optional file: absent, or not cached while offline
         generation_file = None
-    code, missing = collect_code(
-        config, hub_fetcher(session, repo_id, pinned), lambda other: hub_fetcher(session, other, None)
-    )
+    own = hub_fetcher(session, repo_id, pinned)
+    other = lambda repo: hub_fetcher(session, repo, None)  # noqa: E731
+    code, missing = collect_code(config, own, other)
     return ModelSource(
         ref=ref,
         kind="hub",
@@ -170,6 +171,7 @@ def resolve_hub(ref: str) -> ModelSource:
         missing_code=missing,
         location=str(config_file.parent),
         note=None,
+        processor=collect_processor_files(config, own, other, str(config_file.parent)),
     )
 
 

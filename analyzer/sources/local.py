@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ._base import ModelSource, SourceError, read_config, read_generation_config
 from .code_files import CodeUnavailable, Fetch, collect_code
+from .processor_files import collect_processor_files
 
 _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\", "\\")
 _WINDOWS_ABSOLUTE = re.compile(r"^[A-Za-z]:[\\/]")
@@ -83,9 +84,8 @@ def resolve_local(ref: str, folder: Path, hub_fetcher: Callable[[str], Fetch]) -
     if not config_path.is_file():
         raise SourceError(f"{ref}: no config.json in {folder}")
     config = read_config(config_path, str(config_path))
-    code, missing = collect_code(
-        config, folder_fetcher(folder, "not found in the model folder"), hub_fetcher
-    )
+    own = folder_fetcher(folder, "not found in the model folder")
+    code, missing = collect_code(config, own, hub_fetcher)
     return ModelSource(
         ref=ref,
         kind="local",
@@ -97,4 +97,5 @@ def resolve_local(ref: str, folder: Path, hub_fetcher: Callable[[str], Fetch]) -
         missing_code=missing,
         location=str(folder.resolve()),
         note=None,
+        processor=collect_processor_files(config, own, hub_fetcher, str(folder.resolve())),
     )

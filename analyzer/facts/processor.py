@@ -1,0 +1,234 @@
+"""Processor files -> ProcessorFacts: what vLLM's multimodal path will find in the HF processor.
+
+vLLM 0.33 ``transformers/multimodal.py`` needs of the processor (each a rule in
+``rules/multimodal.py``): to be a ``ProcessorMixin`` (``get_processor``'s type check); an
+image, video or audio sub-processor (``_get_supported_modalities``); token counts per item
+(``_get_num_multimodal_tokens``, asked at start for the largest image); and text replacement
+offsets (``__call__`` reaching ``get_text_with_replacements`` with a ``replace_<modality>_token``
+per modality), without which no placeholder can be located.
+
+Three depths, each recorded: the class named by the files (static: a transformers class is
+inspected, remote code is read with ``ast`` and never imported); the processor built from the
+folder where that works offline (never with remote code); and, built, one real call on a
+blank image asking for replacement offsets, which is what vLLM does with every request.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hfcheck.analyzer.sources.processor_files import ProcessorFiles
+
+MODALITIES = ("image", "video", "audio")
+SUB_PROCESSORS = {"image": ("image_processor",), "video": ("video_processor",), "audio": ("audio_processor", "feature_extractor")}
+"""The attributes vLLM reads for each modality (``_is_image_model`` ...; audio: the first of two)."""
+
+CLASS_FILES = ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json")
+"""Where vLLM's ``get_processor_config`` looks for ``processor_class``, in its order."""
+
+
+@dataclass
+class ProcessorFacts:
+    files: list[str]
+    processor_class: str | None
+    """The processor class vLLM ends up with (AutoProcessor's resolution)."""
+    found_in: str | None
+    """Where the class name came from: a file, ``auto_map``, or the model type's mapping."""
+    remote: bool = False
+    is_processor_mixin: bool | None = None
+    sub_processors: list[str] = field(default_factory=list)
+    modalities: list[str] = field(default_factory=list)
+    counts_tokens: bool | None = None
+    """Defines ``_get_num_multimodal_tokens`` (vLLM asks it how many tokens an item takes)."""
+    replaces: dict[str, bool] = field(default_factory=dict)
+    """Modality -> ``replace_<modality>_token`` is defined (the base raises NotImplementedError)."""
+    call_reaches_replacements: bool | None = None
+    """``__call__`` is ProcessorMixin's or calls ``get_text_with_replacements`` (or super's)."""
+    chat_template: bool = False
+    built: bool | None = None
+    """None: not tried (remote code, or no folder); False: building failed (``build_error``)."""
+    build_error: str | None = None
+    probe: dict[str, Any] = field(default_factory=dict)
+    """From the built processor: ``num_image_tokens`` for one image, ``offsets`` returned by a
+    real call on a blank image, or ``error``."""
+    problems: list[str] = field(default_factory=list)
+    source_line: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """Remote code: where the processor class is defined (file, line)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _class_name(files: ProcessorFiles, model_config: dict[str, Any]) -> tuple[str | None, str | None, bool]:
+    """(class name, where it was found, remote) as vLLM's ``get_processor`` and AutoProcessor
+    resolve it: an auto_map ``AutoProcessor`` (remote) wins where vLLM passes trust_remote_code;
+    then ``processor_class`` in the files vLLM reads; then the model type's processor."""
+    auto = files.auto_map(model_config).get("AutoProcessor")
+    if isinstance(auto, str):
+        return auto.rpartition(".")[2], "auto_map AutoProcessor", True
+    for name in CLASS_FILES:
+        value = files.configs.get(name, {}).get("processor_class")
+        if isinstance(value, str) and value:
+            return value, name, False
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    model_type = model_config.get("model_type")
+    name = PROCESSOR_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    return (name, f"model type {model_type!r}", False) if name else (None, None, False)
+
+
+def collect_processor_facts(files: ProcessorFiles, model_config: dict[str, Any], *, build: bool = True) -> ProcessorFacts | None:
+    """None when the model has no processor side at all (no processor files, no processor for
+    its model type): a text model's scan is unchanged."""
+    name, found_in, remote = _class_name(files, model_config)
+    if name is None and not files.has_processor_config:
+        return None
+    facts = ProcessorFacts(
+        files=list(files.present),
+        processor_class=name,
+        found_in=found_in,
+        remote=remote,
+        chat_template=any(n.startswith("chat_template") for n in files.present)
+        or bool(files.configs.get("tokenizer_config.json", {}).get("chat_template")),
+        problems=list(files.problems) + list(files.missing_code),
+    )
+    if name is None:
+        return facts
+    if remote:
+        _read_remote(facts, files, name)
+    else:
+        _inspect_class(facts, name)
+        if build and files.folder:
+            _build_and_probe(facts, files.folder)
+    return facts
+
+
+def _inspect_class(facts: ProcessorFacts, name: str) -> None:
+    import transformers
+    from transformers import ProcessorMixin
+
+    try:
+        cls = getattr(transformers, name, None)
+    except Exception as exc:  # noqa: BLE001 - a processor whose module does not import here (e.g. needs torchvision)
+        facts.problems.append(f"{name} does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        return
+    if not isinstance(cls, type):
+        facts.problems.append(f"transformers {transformers.__version__} has no class {name}")
+        return
+    facts.is_processor_mixin = issubclass(cls, ProcessorMixin)
+    if not facts.is_processor_mixin:
+        return
+    try:
+        attributes = list(cls.get_attributes()) if hasattr(cls, "get_attributes") else list(getattr(cls, "attributes", []))
+    except Exception:  # noqa: BLE001 - an __init__ signature inspect cannot read: fall back to the declared list
+        attributes = list(getattr(cls, "attributes", []))
+    facts.sub_processors = attributes
+    facts.modalities = [m for m in MODALITIES if any(a in attributes for a in SUB_PROCESSORS[m])]
+    facts.counts_tokens = hasattr(cls, "_get_num_multimodal_tokens")
+    facts.replaces = {m: getattr(cls, f"replace_{m}_token", None) is not getattr(ProcessorMixin, f"replace_{m}_token", None) for m in facts.modalities}
+    if cls.__call__ is ProcessorMixin.__call__:
+        facts.call_reaches_replacements = True
+    else:
+        try:
+            text = inspect.getsource(cls.__call__)
+        except (OSError, TypeError):
+            text = ""
+        facts.call_reaches_replacements = _reaches_replacements(text) if text else None
+
+
+def _reaches_replacements(source: str) -> bool:
+    """Does a ``__call__`` body hand placeholders to ``get_text_with_replacements`` (itself, or
+    through ``super().__call__``, ProcessorMixin's, which does)?"""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return "get_text_with_replacements" in source
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "get_text_with_replacements":
+                return True
+            target = node.func.value
+            if node.func.attr == "__call__" and isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super":
+                return True
+    return False
+
+
+def _read_remote(facts: ProcessorFacts, files: ProcessorFiles, name: str) -> None:
+    """The remote processor class read with ast (never imported): its methods and sub-processors."""
+    for path, text in files.code.items():
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                facts.source_line["class"] = (path, node.lineno)
+                _read_class(facts, node, path)
+                return
+    facts.problems.append(f"{name}: its remote code is not among the files read")
+
+
+def _read_class(facts: ProcessorFacts, node: ast.ClassDef, path: str) -> None:
+    bases = {ast.unparse(b).rpartition(".")[2] for b in node.bases}
+    facts.is_processor_mixin = "ProcessorMixin" in bases or None  # another base: not decidable without running it
+    methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+    attributes: list[str] = []
+    for item in node.body:
+        if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "attributes" for t in item.targets):
+            if isinstance(item.value, (ast.List, ast.Tuple)):
+                attributes = [e.value for e in item.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    if not attributes and "__init__" in methods:
+        attributes = [a.arg for a in methods["__init__"].args.args[1:] if any(m in a.arg for m in ("processor", "extractor", "tokenizer"))]
+    facts.sub_processors = attributes
+    facts.modalities = [m for m in MODALITIES if any(a in attributes for a in SUB_PROCESSORS[m])]
+    facts.counts_tokens = "_get_num_multimodal_tokens" in methods
+    facts.replaces = {m: f"replace_{m}_token" in methods for m in facts.modalities}
+    if "__call__" in methods:
+        facts.call_reaches_replacements = _reaches_replacements(ast.unparse(methods["__call__"]))
+        facts.source_line["__call__"] = (path, methods["__call__"].lineno)
+    else:
+        facts.call_reaches_replacements = True if facts.is_processor_mixin else None
+
+
+def _build_and_probe(facts: ProcessorFacts, folder: str) -> None:
+    """Build the processor from the folder as vLLM does (AutoProcessor, offline, no remote code),
+    then ask it what vLLM asks: the token count of one image, and a real call on a blank image
+    with its placeholder, for the text replacement offsets."""
+    from transformers import AutoProcessor, ProcessorMixin
+
+    try:
+        processor = AutoProcessor.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 - every failure to build is a fact (usually: tokenizer files absent)
+        facts.built = False
+        facts.build_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}".rstrip(": ")
+        return
+    facts.built = isinstance(processor, ProcessorMixin)
+    if not facts.built:
+        facts.build_error = f"AutoProcessor built a {type(processor).__name__}, not a processor (ProcessorMixin)"
+        facts.is_processor_mixin = False
+        return
+    facts.processor_class = type(processor).__name__
+    facts.modalities = [m for m in MODALITIES if any(getattr(processor, a, None) is not None for a in SUB_PROCESSORS[m])]
+    if "image" not in facts.modalities:
+        return
+    probe: dict[str, Any] = {}
+    try:
+        counts = processor._get_num_multimodal_tokens(image_sizes=[[224, 224]])
+        probe["num_image_tokens"] = list(counts["num_image_tokens"])
+    except Exception as exc:  # noqa: BLE001 - what vLLM's get_max_image_tokens would raise
+        probe["count_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    token = getattr(processor, "image_token", None)
+    if isinstance(token, str):
+        from PIL import Image
+
+        try:
+            out = processor(text=f"a {token} b", images=[Image.new("RGB", (224, 224))], return_text_replacement_offsets=True)
+            offsets = out.get("text_replacement_offsets")
+            probe["offsets"] = len(offsets[0]) if offsets is not None and len(offsets) else 0
+        except Exception as exc:  # noqa: BLE001 - what vLLM's _apply_hf_processor_main would raise
+            probe["call_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    facts.probe = probe

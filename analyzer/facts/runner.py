@@ -1,0 +1,81 @@
+"""Which transformers-backend class vLLM builds for a model: generate or pooling, text or multimodal.
+
+One home for vLLM 0.33 ``ModelConfig._get_transformers_backend_cls`` and the architecture
+suffix table it reads (``_SUFFIX_TO_DEFAULTS`` / ``try_match_architecture_defaults``; identical
+in 0.32): ``Transformers`` + ``MultiModal`` (the config nests a text config) + ``MoE`` (an
+expert count) + ``EmbeddingModel`` / ``ForSequenceClassification`` when the architecture's
+suffix defaults to pooling with that task, else ``ForCausalLM`` (a pooling runner over a
+generative architecture adapts the LM class).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUFFIX_DEFAULTS: tuple[tuple[str, str, str], ...] = (
+    ("ForCausalLM", "generate", "none"),
+    ("ForConditionalGeneration", "generate", "none"),
+    ("ChatModel", "generate", "none"),
+    ("LMHeadModel", "generate", "none"),
+    ("ForTextEncoding", "pooling", "embed"),
+    ("EmbeddingModel", "pooling", "embed"),
+    ("ForSequenceClassification", "pooling", "classify"),
+    ("ForTokenClassification", "pooling", "classify"),
+    ("ForAudioClassification", "pooling", "classify"),
+    ("ForImageClassification", "pooling", "classify"),
+    ("ForVideoClassification", "pooling", "classify"),
+    ("ClassificationModel", "pooling", "classify"),
+    ("ForRewardModeling", "pooling", "embed"),
+    ("RewardModel", "pooling", "embed"),
+    ("Model", "pooling", "embed"),  # vLLM: "Let other `*Model`s take priority"
+)
+"""(architecture suffix, runner, task), first match wins (vLLM's order)."""
+
+
+BACKEND_CLASSES = frozenset({
+    "TransformersForCausalLM", "TransformersMoEForCausalLM",
+    "TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM",
+    "TransformersEmbeddingModel", "TransformersMoEEmbeddingModel", "TransformersMultiModalEmbeddingModel",
+    "TransformersForSequenceClassification", "TransformersMoEForSequenceClassification",
+    "TransformersMultiModalForSequenceClassification",
+})
+"""The classes ``vllm.model_executor.models.transformers`` defines (0.32 and 0.33); any other name
+raises "does not currently have a class to handle the requested model type"."""
+
+
+@dataclass(frozen=True)
+class BackendClass:
+    name: str
+    runner: str
+    """"generate" | "pooling" (vLLM's default runner for the architecture)."""
+    task: str
+    """"none" (generation), "embed" or "classify"."""
+
+    @property
+    def pooling(self) -> bool:
+        return self.runner == "pooling"
+
+    @property
+    def exists(self) -> bool:
+        return self.name in BACKEND_CLASSES
+
+
+def architecture_defaults(architecture: str) -> tuple[str, str] | None:
+    """(runner, task) for an architecture name, as ``try_match_architecture_defaults``."""
+    for suffix, runner, task in SUFFIX_DEFAULTS:
+        if architecture.endswith(suffix):
+            return runner, task
+    return None
+
+
+def backend_class(architectures: list[str], multimodal: bool, moe: bool) -> BackendClass:
+    """The class vLLM resolves for ``--model-impl transformers`` with ``--runner auto``."""
+    runner, task = architecture_defaults(architectures[0]) if architectures and architecture_defaults(architectures[0]) else ("generate", "none")
+    name = "Transformers" + ("MultiModal" if multimodal else "") + ("MoE" if moe else "")
+    if runner == "pooling" and task == "embed":
+        name += "EmbeddingModel"
+    elif runner == "pooling" and task == "classify":
+        name += "ForSequenceClassification"
+    else:
+        name += "ForCausalLM"
+    return BackendClass(name, runner, task)

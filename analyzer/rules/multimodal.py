@@ -1,0 +1,309 @@
+"""vLLM's multimodal path (``transformers/multimodal.py``, 0.32 and 0.33): the class it builds,
+the language model it wraps, and what it needs of the HF processor.
+
+The language model is judged by every other rule as for a text model (fusions, attention,
+TP/PP/EP); towers are judged as vLLM treats them: their attention keeps its own
+implementation (only the text config is patched), their linears fuse where a fuser matches
+and are replicated otherwise. Each rule names the vLLM source it models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hfcheck.analyzer.facts.runner import backend_class
+from hfcheck.analyzer.rules.base import Finding, Rule
+
+
+def _processor(analysis) -> Any:
+    return getattr(analysis, "processor", None)
+
+
+class ProcessorRule(Rule):
+    """A requirement of vLLM's multimodal path on the HF processor. Judged for multimodal models;
+    for a model with a processor that vLLM serves as a text model (flat config), the same
+    findings are reported as information: they say what the multimodal path would need."""
+
+    def check(self, analysis) -> list[Finding]:
+        p = _processor(analysis)
+        multimodal = analysis.facts.multimodal
+        if not multimodal and (p is None or not p.modalities):
+            return []
+        findings = self.judge(analysis, p)
+        if multimodal:
+            return findings
+        for f in findings:
+            if f.status in ("fail", "warn", "inconclusive"):
+                f.message = f"(served as a text model; as multimodal:) {f.message}"
+                f.status, f.remediation = "info", None
+        return findings
+
+    def judge(self, analysis, p) -> list[Finding]:
+        raise NotImplementedError
+
+
+def _where(p, key: str) -> str:
+    place = p.source_line.get(key) if p is not None else None
+    return f" ({place[0]}:{place[1]})" if place else ""
+
+
+class MultimodalPath(Rule):
+    code = "HFC900"
+    name = "multimodal-path"
+    impact = "blocker"
+    what = "The transformers-backend class vLLM builds for the model, and whether a model with a processor for images, video or audio reaches vLLM's multimodal path."
+    why = (
+        "vLLM 0.33 `ModelConfig._get_transformers_backend_cls`: `Transformers` + `MultiModal` when `hf_config is not "
+        "hf_text_config` + `MoE` + `ForCausalLM` / `EmbeddingModel` / `ForSequenceClassification` by the architecture's "
+        "suffix. Only the classes `transformers/__init__.py` defines exist (no multimodal MoE pooling class). A model whose "
+        "config keeps the text fields at the top is served as a text model: its images never reach it."
+    )
+    example = "Gemma3ForConditionalGeneration: TransformersMultiModalForCausalLM; MiniCPM-V-2 (flat config): a text model"
+    fix = "Nest the language model's fields in `text_config` (and the encoders' in `vision_config` / `audio_config`), as transformers' composite configs do."
+
+    def check(self, analysis) -> list[Finding]:
+        facts, p = analysis.facts, _processor(analysis)
+        cls = backend_class(facts.architectures, facts.multimodal, facts.is_moe)
+        if not cls.exists:
+            return [self.failed(f"vLLM has no transformers-backend class {cls.name} (multimodal, MoE and {cls.task} pooling together): "
+                                "'does not currently have a class to handle the requested model type'", backend_class=cls.name)]
+        if facts.multimodal:
+            towers = ", ".join(facts.towers) or "no tower sub-config"
+            return [self.noted(f"vLLM builds {cls.name} ({cls.runner}); encoders from {towers}", backend_class=cls.name, runner=cls.runner, task=cls.task)]
+        if p is not None and p.modalities:
+            return [self.warned(
+                f"the processor handles {', '.join(p.modalities)}, but config.json keeps the text fields at the top (no text_config): "
+                f"vLLM builds {cls.name}, a text model, so {p.modalities[0]} inputs never reach the model",
+                backend_class=cls.name,
+            )]
+        return [self.noted(f"vLLM builds {cls.name} ({cls.runner})", backend_class=cls.name, runner=cls.runner, task=cls.task)] if cls.pooling else []
+
+
+class LanguageModelFound(Rule):
+    code = "HFC901"
+    name = "multimodal-language-model"
+    impact = "blocker"
+    what = "A multimodal model exposes its language model as `language_model` or `text_model`."
+    why = (
+        "vLLM 0.33 `MultiModalMixin.get_language_model` wraps `getattr_iter(self.model, ('language_model', 'text_model'), None)`; "
+        "`embed_input_ids` embeds every prompt through it, so a model with neither attribute fails at the first forward "
+        "('NoneType' object has no attribute 'get_input_embeddings')."
+    )
+    example = "LlavaModel.language_model, Gemma3Model.language_model: found"
+    fix = "Name the language model submodule `language_model` (transformers' convention for composite models)."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.multimodal:
+            return []
+        if obs is None:
+            return [self.inconclusive("no instance to look for the language model in")]
+        if obs.language_model_attr is None:
+            return [self.failed(f"{type(analysis.instance.model).__name__} has neither `language_model` nor `text_model`: vLLM finds no language model to embed prompts with")]
+        return [self.passed(f"language model at `{obs.language_model_attr}` (decoder {obs.decoder_path or 'the model itself'})")]
+
+
+class ProcessorBuilds(ProcessorRule):
+    code = "HFC902"
+    name = "processor-class"
+    impact = "blocker"
+    what = "A multimodal model has a processor vLLM can build: a `ProcessorMixin` named by its files or its model type."
+    why = (
+        "vLLM builds the HF processor at start (`transformers_utils/processor.py` `get_processor`: `processor_class` from "
+        "processor_config.json, preprocessor_config.json or tokenizer_config.json, else AutoProcessor) and refuses anything "
+        "that is not a ProcessorMixin ('Invalid type of HuggingFace processor'); AutoProcessor falls back to a bare "
+        "tokenizer or image processor when no processor class is known."
+    )
+    example = "LlavaProcessor from processor_config.json: builds; a folder with only preprocessor_config.json of a type without a processor: refused"
+    fix = "Ship processor_config.json (or `processor_class` in preprocessor_config.json) naming a ProcessorMixin subclass."
+
+    def judge(self, analysis, p) -> list[Finding]:
+        if p is None or p.processor_class is None:
+            return [self.failed("no processor: no processor_class in the processor files and none for the model type; vLLM's "
+                                "AutoProcessor then builds a tokenizer or image processor alone, which it refuses")]
+        where = f"{p.processor_class} (from {p.found_in})"
+        if p.is_processor_mixin is False:
+            return [self.failed(f"{where} is not a ProcessorMixin: vLLM refuses it ('Invalid type of HuggingFace processor')"
+                                + (f"; {p.build_error}" if p.build_error else ""))]
+        if p.is_processor_mixin is None:
+            return [self.inconclusive(f"{where}: its class could not be inspected ({'; '.join(p.problems[:2]) or 'remote code'})")]
+        if p.built:
+            return [self.passed(f"{where} builds from the folder offline")]
+        built = f"; not built here: {p.build_error}" if p.build_error else ("; remote code, not built" if p.remote else "")
+        return [self.passed(f"{where} is a ProcessorMixin{built}")]
+
+
+class ProcessorModalities(ProcessorRule):
+    code = "HFC903"
+    name = "processor-modalities"
+    impact = "blocker"
+    what = "The processor exposes an image, video or audio processor."
+    why = (
+        "vLLM 0.33 `MultiModalProcessingInfo._get_supported_modalities`: `image_processor`, `video_processor`, "
+        "`audio_processor` / `feature_extractor` on the processor; none: '<Processor> exposes no image, video or audio "
+        "processor, so the Transformers modeling backend cannot serve this model as multi-modal' at start."
+    )
+    example = "LlavaProcessor: image; Qwen2_5_VLProcessor: image, video"
+    fix = "Give the processor an `image_processor` (or `video_processor` / `audio_processor`) argument and attribute."
+
+    def judge(self, analysis, p) -> list[Finding]:
+        if p is None or not p.is_processor_mixin:
+            return []
+        if not p.modalities:
+            return [self.failed(f"{p.processor_class} exposes no image, video or audio processor (sub-processors: "
+                                f"{', '.join(p.sub_processors) or 'none'}): vLLM cannot serve the model as multi-modal")]
+        return [self.passed(f"{p.processor_class} serves {', '.join(p.modalities)}")]
+
+
+class ProcessorTokenCounts(ProcessorRule):
+    code = "HFC904"
+    name = "processor-token-counts"
+    impact = "blocker"
+    what = "The processor answers `_get_num_multimodal_tokens` for images (and videos) per item."
+    why = (
+        "vLLM 0.33 sizes its profiling run and every item's placeholder from `processor._get_num_multimodal_tokens(image_sizes=...)` "
+        "(`get_max_image_tokens`, `_get_num_patches_per_image`); a processor without it fails at start for images, and "
+        "serves without video when it cannot count video tokens ('cannot count video tokens yet')."
+    )
+    example = "Qwen2_5_VLProcessor: counts image and video tokens; a 4.x remote processor: no _get_num_multimodal_tokens"
+    fix = "Implement `_get_num_multimodal_tokens(image_sizes=None, video_sizes=None, **kwargs)` returning `MultiModalData` (see transformers' LlavaProcessor)."
+
+    def judge(self, analysis, p) -> list[Finding]:
+        if p is None or not p.modalities:
+            return []
+        if p.probe.get("count_error"):
+            return [self.failed(f"{p.processor_class}._get_num_multimodal_tokens fails for one 224x224 image: {p.probe['count_error']}")]
+        if p.counts_tokens is False:
+            media = [m for m in p.modalities if m in ("image", "video")]
+            if "image" in media:
+                return [self.failed(f"{p.processor_class} has no _get_num_multimodal_tokens{_where(p, 'class')}: vLLM cannot size image "
+                                    "placeholders and fails at start")]
+            if media:
+                return [self.noted(f"{p.processor_class} cannot count video tokens: vLLM serves the model without video")]
+        if "num_image_tokens" in p.probe:
+            return [self.passed(f"{p.processor_class} counts {p.probe['num_image_tokens'][0]} tokens for a 224x224 image")]
+        return [self.passed(f"{p.processor_class} defines _get_num_multimodal_tokens")]
+
+
+class ReplacementOffsets(ProcessorRule):
+    code = "HFC905"
+    name = "processor-replacement-offsets"
+    impact = "blocker"
+    what = "The processor returns text replacement offsets: its `__call__` reaches `get_text_with_replacements` and it defines `replace_<modality>_token` for each modality."
+    why = (
+        "vLLM 0.33 `MultiModalProcessor._apply_hf_processor_main` calls the processor with `return_text_replacement_offsets=True` "
+        "and locates every item's placeholder from the offsets; without them: '<Processor> returned no text replacement "
+        "offsets, so the Transformers modeling backend cannot locate the placeholder of each item', at the profiling run "
+        "at start. ProcessorMixin's own `replace_image_token` raises NotImplementedError."
+    )
+    example = "LlavaProcessor (ProcessorMixin.__call__ + replace_image_token): offsets; MiniCPM-V-2's own __call__: none"
+    fix = "Drop the custom `__call__` (or end it in `super().__call__`) and implement `replace_image_token(self, image_inputs, image_idx)` returning the expanded placeholder text."
+
+    def judge(self, analysis, p) -> list[Finding]:
+        if p is None or not p.modalities:
+            return []
+        if "offsets" in p.probe:
+            if p.probe["offsets"]:
+                return [self.passed(f"{p.processor_class} returned a replacement offset for a real image (built and called)")]
+            return [self.failed(f"{p.processor_class} returned no text replacement offsets for a real image (built and called)")]
+        if p.probe.get("call_error"):
+            return [self.failed(f"{p.processor_class} fails on one image with its placeholder: {p.probe['call_error']}")]
+        if p.call_reaches_replacements is False:
+            return [self.failed(f"{p.processor_class}.__call__{_where(p, '__call__')} never reaches get_text_with_replacements: "
+                                "no replacement offsets, vLLM cannot locate any placeholder")]
+        missing = [m for m, has in p.replaces.items() if not has]
+        if missing:
+            return [self.failed(f"{p.processor_class} does not define replace_{missing[0]}_token: ProcessorMixin's raises "
+                                f"NotImplementedError at the first {missing[0]}")]
+        if p.call_reaches_replacements is None:
+            return [self.inconclusive(f"{p.processor_class}.__call__ could not be read")]
+        return [self.passed(f"{p.processor_class} reports replacement offsets ({', '.join(f'replace_{m}_token' for m in p.replaces)})")]
+
+
+def uses_mrope(text_config: Any) -> bool:
+    """vLLM's ``uses_mrope``: the text config's rope parameters carry an ``mrope_section``."""
+    for name in ("rope_parameters", "rope_scaling"):
+        value = text_config.get(name) if isinstance(text_config, dict) else getattr(text_config, name, None)
+        if isinstance(value, dict) and "mrope_section" in value:
+            return True
+    return False
+
+
+class MRoPEAudio(Rule):
+    code = "HFC906"
+    name = "mrope-audio"
+    impact = "info"
+    what = "M-RoPE models (Qwen2-VL style 3-D positions) with an audio processor."
+    why = (
+        "vLLM 0.33 `MultiModalMixin.get_mrope_input_positions` raises 'Transformers modeling backend does not support audio "
+        "inputs in M-RoPE models' for any request with audio; images and video are served."
+    )
+    example = "an omni model with mrope_section and a feature extractor: audio requests fail"
+    fix = "Serve audio with vLLM's native implementation where one exists."
+
+    def check(self, analysis) -> list[Finding]:
+        p, facts = _processor(analysis), analysis.facts
+        if not facts.multimodal or analysis.config_object is None:
+            return []
+        from hfcheck.analyzer.instance import text_config_of
+
+        if not uses_mrope(text_config_of(analysis.config_object)):
+            return []
+        if p is not None and "audio" in p.modalities:
+            return [self.warned("M-RoPE model with an audio processor: vLLM's transformers backend refuses audio inputs in M-RoPE models")]
+        return [self.noted("M-RoPE positions: vLLM computes them with the model's get_rope_index")]
+
+
+class MultiheadAttentionModule(Rule):
+    code = "HFC907"
+    name = "multihead-attention-module"
+    impact = "blocker"
+    what = "No `nn.MultiheadAttention` module (e.g. SigLIP's pooling head, `vision_use_head`)."
+    why = (
+        "`nn.MultiheadAttention.out_proj` is an nn.Linear subclass, so vLLM's `recursive_replace` swaps it for its own linear "
+        "while the module's forward still calls `F.multi_head_attention_forward` with `out_proj.weight`; measured on vLLM's CPU "
+        "build 0.32 with a SigLIP tower built with its head: the profiling run dies ('mat2 must be a matrix, got 1-D tensor')."
+    )
+    example = "SiglipVisionConfig(vision_use_head=True): vision_tower.head.attention; real Gemma 3 configs set vision_use_head: false"
+    fix = "Turn the pooling head off in the tower's config (`vision_use_head: false`) where the model does not use it, or write the head with plain nn.Linear projections and the attention interface."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if obs is None or not obs.multihead_attention:
+            return []
+        return [self.failed(f"{obs.multihead_attention[0]} is an nn.MultiheadAttention: vLLM replaces its out_proj and its forward "
+                            "then fails at the profiling run", modules=obs.multihead_attention[:4])]
+
+
+class EncoderClasses(Rule):
+    code = "HFC908"
+    name = "multimodal-encoder-classes"
+    impact = "info"
+    what = "`get_encoder(modality=...)` finds each tower, as vLLM's `_find_encoder_classes` needs for `compile_mm_encoder` and for skipping unused towers."
+    why = (
+        "vLLM 0.33 `MultiModalMixin._decorate_for_torch_compile` raises 'Unable to infer any encoder classes from the model' when "
+        "`compile_mm_encoder` is set and `get_encoder` finds none; without encoder classes no tower can be skipped either."
+    )
+    example = "Gemma3Model: image -> SiglipVisionModel"
+    fix = "Name the tower `vision_tower` / `vision_model` / `audio_tower` (the names `PreTrainedModel.get_encoder` looks for)."
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.multimodal or obs is None:
+            return []
+        if not obs.encoder_classes:
+            return [self.noted("get_encoder finds no tower: `compile_mm_encoder` is refused and no encoder can be skipped")]
+        return [self.passed("encoders: " + ", ".join(f"{m} -> {c}" for m, c in obs.encoder_classes.items()))]
+
+
+MULTIMODAL_RULES: tuple[type[Rule], ...] = (
+    MultimodalPath,
+    LanguageModelFound,
+    ProcessorBuilds,
+    ProcessorModalities,
+    ProcessorTokenCounts,
+    ReplacementOffsets,
+    MRoPEAudio,
+    MultiheadAttentionModule,
+    EncoderClasses,
+)
