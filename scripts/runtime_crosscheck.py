@@ -2,6 +2,7 @@
 vLLM (the CPU build here), its logged decisions compared with hfcheck's prediction.
 
     .venv/bin/python scripts/runtime_crosscheck.py [--types qwen3,llama] [--batch 8] [--out reports/runtime-vllm-0.32.0.jsonl] [--ray ADDRESS]
+    .venv/bin/python scripts/runtime_crosscheck.py --vlm [--types llava,gemma3]   # vision-language folders with an image
 
 - vLLM's CPU build is set up once (``porter.runtime.environment``) and hfcheck is installed into
   it without dependencies, so prediction and runtime read the same transformers (5.19 there);
@@ -60,7 +61,12 @@ def model_types(python: Path) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model_s: float) -> dict:
+BATCH_MODULE = "hfcheck.porter.runtime.batch"
+VLM_MODULE = "hfcheck.porter.runtime.vlm"
+"""The child that runs a batch: causal-LM model types, or the tiny vision-language cases (``--vlm``)."""
+
+
+def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model_s: float, module: str = BATCH_MODULE) -> dict:
     """One batch in an isolated child on this machine (the one isolated-process runner); the
     batch appends a row per model type to ``out``. Returns which types got none: ``missing``, the
     one it was running when it stopped (``stuck``) and why."""
@@ -70,7 +76,7 @@ def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model
         job = {"model_types": chunk, "out": str(out), "progress": str(root / "progress"), "vllm_version": version}
         (root / "job.json").write_text(json.dumps(job))
         env = child_env(root, 2, {"VLLM_CPU_KVCACHE_SPACE": "1", "HFCHECK_ENV_DIR": str(root / "envs")})
-        child = run_child([str(python), "-m", "hfcheck.porter.runtime.batch", str(root / "job.json")], root,
+        child = run_child([str(python), "-m", module, str(root / "job.json")], root,
                           timeout=per_model_s * len(chunk) + 60, env=env, cwd=root / "work")
         done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() else set()
         missing = [t for t in chunk if t not in done]
@@ -93,7 +99,7 @@ def settle(outcome: dict, out: Path, version: str) -> list[str]:
 
 
 def run(types: list[str], python: Path, version: str, out: Path, batch: int, per_model_s: float, log,
-        ray: str | None = None, cpus_per_batch: float = 2) -> None:
+        ray: str | None = None, cpus_per_batch: float = 2, module: str = BATCH_MODULE) -> None:
     """Every type in batches of ``batch``; a type that hangs or kills its batch is recorded as
     crashed and the batch resumes after it. With ``ray`` (an address; ``""``: Ray's default)
     the batches run as Ray tasks on the cluster instead, as many at once as it has CPUs for."""
@@ -103,7 +109,7 @@ def run(types: list[str], python: Path, version: str, out: Path, batch: int, per
     while todo:
         chunk, todo = todo[:batch], todo[batch:]
         log(f"batch of {len(chunk)}: {', '.join(chunk)}")
-        todo = settle(run_batch(chunk, python, version, out, per_model_s), out, version) + todo
+        todo = settle(run_batch(chunk, python, version, out, per_model_s, module), out, version) + todo
 
 
 def ray_batch(chunk: list[str], python: str, version: str, per_model_s: float) -> dict:
@@ -159,7 +165,8 @@ def run_on_ray(types: list[str], python: Path, version: str, out: Path, batch: i
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--types", default=None, help="comma-separated model types (default: every causal-LM type)")
+    parser.add_argument("--types", default=None, help="comma-separated model types (default: every causal-LM type; with --vlm every case)")
+    parser.add_argument("--vlm", action="store_true", help="the tiny vision-language cases (porter/runtime/vlm.py), served with an image and text only")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--per-model", type=float, default=180.0, help="seconds allowed per model type")
     parser.add_argument("--out", default=None)
@@ -170,6 +177,8 @@ def main() -> int:
     parser.add_argument("--gate", metavar="TOML", default=None,
                         help="exit 1 when a type disagrees with vLLM and is not listed (with its reason) in this file")
     args = parser.parse_args()
+    if args.vlm and args.ray is not None:
+        parser.error("--vlm runs its few cases on this machine (no --ray)")
 
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
@@ -177,10 +186,16 @@ def main() -> int:
     from hfcheck.porter.runtime.decisions import agreement
 
     python, version = prepare(log)
-    out = Path(args.out or ROOT / "reports" / f"runtime-vllm-{version}.jsonl").resolve()  # the batches run elsewhere
+    default_out = f"runtime-vlm-vllm-{version}.jsonl" if args.vlm else f"runtime-vllm-{version}.jsonl"
+    out = Path(args.out or ROOT / "reports" / default_out).resolve()  # the batches run elsewhere
     key = source_hash()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() and not args.fresh else []
-    types = args.types.split(",") if args.types else model_types(python)
+    if args.vlm:
+        from hfcheck.porter.runtime.vlm import CASES
+
+        types = args.types.split(",") if args.types else list(CASES)
+    else:
+        types = args.types.split(",") if args.types else model_types(python)
     # a row recorded by other hfcheck code is run again when its type is asked for; the rows of
     # types not asked for are kept as they are (each says which code made it)
     rows = [r for r in rows if r.get("hfcheck_source") in (None, key) or r["model_type"] not in types]
@@ -191,7 +206,8 @@ def main() -> int:
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     t0 = time.monotonic()
     if todo:
-        run(todo, python, version, tmp, args.batch, args.per_model, log, ray=args.ray, cpus_per_batch=args.cpus_per_batch)
+        run(todo, python, version, tmp, args.batch, args.per_model, log, ray=args.ray, cpus_per_batch=args.cpus_per_batch,
+            module=VLM_MODULE if args.vlm else BATCH_MODULE)
     rows = [{"hfcheck_source": key, **json.loads(line)} for line in tmp.read_text().splitlines() if line.strip()]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.unlink()

@@ -3,6 +3,7 @@ real transformers classes at their default or published configs, scanned end to 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,99 @@ def test_llava_published_config_clip_mlp_costs_nothing():
     by_module = {c["details"].get("module"): c for c in check(r, "HFC302")}
     assert by_module["CLIPMLP"]["status"] == "info" and by_module["LlamaMLP"]["status"] == "pass"
     assert r["verdict"] == "native-speed" and r["score"] == 100
+
+
+def test_siglip_pooling_head_is_a_multihead_attention_blocker(tmp_path):
+    # SiglipVisionConfig's default keeps the pooling head (nn.MultiheadAttention): measured dying in
+    # vLLM's profiling run ("mat2 must be a matrix, got 1-D tensor")
+    r = scan(write_model(tmp_path / "g3", "gemma3", "Gemma3ForConditionalGeneration"))
+    (finding,) = check(r, "HFC907")
+    assert finding["status"] == "fail" and finding["details"]["modules"] == ["vision_tower.head.attention"]
+    assert r["verdict"] == "blocked"
+
+
+def test_gemma3_backend_class_language_model_and_encoders(gemma3):
+    assert gemma3["model"]["vllm_backend_class"] == "TransformersMultiModalForCausalLM"
+    assert "language_model" in check(gemma3, "HFC901")[0]["message"]
+    assert check(gemma3, "HFC908")[0]["message"].startswith("encoders: image -> SiglipVisionModel")
+    # the language model is judged as a text model: Gemma3Attention fuses q/k/v and dispatches
+    gemma_attention = next(m for m in gemma3["modules"] if m["class"] == "Gemma3Attention")
+    assert gemma_attention["fusions"] == ["qkv"] and gemma_attention["attention_interface"]
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory) -> Path:
+    from hfcheck.porter.runtime.tiny_vlm import write_llava
+
+    folder = tmp_path_factory.mktemp("tiny-llava")
+    write_llava(folder)
+    return folder
+
+
+def test_processor_built_offline_and_called_like_vllm(tiny_llava):
+    # a real LlavaProcessor (word-level tokenizer, CLIP's PIL image processor) built from the folder
+    # and called on a real image with return_text_replacement_offsets=True
+    r = scan(tiny_llava)
+    p = r["processor"]
+    assert p["processor_class"] == "LlavaProcessor" and p["built"] and p["modalities"] == ["image"]
+    assert p["probe"] == {"num_image_tokens": [4], "offsets": 1}
+    assert "builds from the folder offline" in check(r, "HFC902")[0]["message"]
+    assert check(r, "HFC904")[0]["status"] == check(r, "HFC905")[0]["status"] == "pass"
+    assert r["verdict"] == "native-speed"
+
+
+def test_processor_that_returns_no_offsets_fails(tiny_llava, tmp_path):
+    # the same folder with a processor whose __call__ is its own (as 4.x-era processors wrote it)
+    import shutil
+
+    folder = tmp_path / "custom-call"
+    shutil.copytree(tiny_llava, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoProcessor": "processing_custom.CustomProcessor"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "processing_custom.py").write_text(
+        "from transformers import ProcessorMixin\n\n\n"
+        "class CustomProcessor(ProcessorMixin):\n"
+        "    attributes = ['image_processor', 'tokenizer']\n\n"
+        "    def __call__(self, text=None, images=None, **kwargs):\n"
+        "        return self.tokenizer(text)\n"
+    )
+    r = scan(folder)
+    p = r["processor"]
+    assert p["remote"] and p["built"] is None and list(p["source_line"]["__call__"]) == ["processing_custom.py", 7]
+    offsets, counts = check(r, "HFC905")[0], check(r, "HFC904")[0]
+    assert offsets["status"] == "fail" and "processing_custom.py:7" in offsets["message"]
+    assert counts["status"] == "fail" and "_get_num_multimodal_tokens" in counts["message"]
+
+
+@pytest.mark.skipif(not VLM_FIXTURES.is_dir(), reason="needs ../shared/fixtures/vlm")
+def test_minicpm_v2_remote_processor_read_never_run():
+    # flat config: vLLM serves it as a text model; its remote processor is read with ast only
+    r = scan(VLM_FIXTURES / "minicpm-v-2")
+    assert r["model"]["vllm_backend_class"] == "TransformersForCausalLM"
+    (path,) = check(r, "HFC900")
+    assert path["status"] == "warn" and "image inputs never reach the model" in path["message"]
+    p = r["processor"]
+    assert p["processor_class"] == "MiniCPMVProcessor" and p["remote"] and p["built"] is None
+    assert "processing_minicpmv.py:31" in check(r, "HFC904")[0]["message"]
+    assert "processing_minicpmv.py:51" in check(r, "HFC905")[0]["message"]
+
+
+@pytest.mark.skipif(not VLM_FIXTURES.is_dir(), reason="needs ../shared/fixtures/vlm")
+@pytest.mark.parametrize("folder,processor,modalities", [
+    ("llava-1.5-7b-hf", "LlavaProcessor", ["image"]),
+    ("qwen2.5-vl-3b-instruct", "Qwen2_5_VLProcessor", ["image", "video"]),
+    ("smolvlm-256m-instruct", "Idefics3Processor", ["image"]),
+])
+def test_published_vlm_folders_name_their_processor(folder, processor, modalities):
+    r = scan(VLM_FIXTURES / folder)
+    p = r["processor"]
+    assert p["processor_class"] == processor and p["modalities"] == modalities and p["chat_template"]
+    assert all(c["status"] == "pass" for code in ("HFC901", "HFC902", "HFC903", "HFC904", "HFC905") for c in check(r, code))
+    assert r["verdict"] == "native-speed"
+
+
+def test_text_model_scan_has_no_processor_side(scan_type):
+    r = scan_type("qwen3")
+    assert r["processor"] is None and not r["model"]["multimodal"]
+    assert not [c for c in r["checks"] if c["code"].startswith("HFC9")]

@@ -235,8 +235,11 @@ for ref in sys.argv[1:]:
     except SourceError as exc:
         out.append({"error": str(exc)})
     else:
-        out.append({k: getattr(s, k) for k in ("ref", "kind", "repo_id", "revision", "config",
-                    "generation_config", "code_files", "missing_code", "location", "note")})
+        row = {k: getattr(s, k) for k in ("ref", "kind", "repo_id", "revision", "config",
+               "generation_config", "code_files", "missing_code", "location", "note")}
+        row["processor"] = {"present": list(s.processor.present), "configs": sorted(s.processor.configs),
+                            "code": sorted(s.processor.code), "folder": s.processor.folder}
+        out.append(row)
 print(json.dumps(out))
 """
 
@@ -334,7 +337,13 @@ class _FakeHub(BaseHTTPRequestHandler):
     files = {"acme/tiny": {"config.json": json.dumps(TINY_CONFIG), "modeling_tiny.py": "x = 1\n"},
              "acme/gated": {"config.json": json.dumps(TINY_CONFIG)},
              "acme/no-config": {"README.md": "hi"},
-             "Qwen/Qwen3-4B": {"config.json": json.dumps({**TINY_CONFIG, "from": "endpoint"})}}
+             "Qwen/Qwen3-4B": {"config.json": json.dumps({**TINY_CONFIG, "from": "endpoint"})},
+             "acme/vlm": {"config.json": json.dumps({**TINY_CONFIG, "architectures": ["LlavaForConditionalGeneration"]}),
+                          "preprocessor_config.json": json.dumps({"processor_class": "LlavaProcessor",
+                                                                  "auto_map": {"AutoProcessor": "processing_x.XProcessor"}}),
+                          "processing_x.py": "class XProcessor:\n    pass\n",
+                          "tokenizer.json": "{}",
+                          "model.safetensors": "weights: never fetched"}}
 
     def log_message(self, *args: object) -> None:  # keep pytest output clean
         pass
@@ -390,6 +399,19 @@ def test_endpoint_download_then_offline_cache(tmp_path: Path, fake_hub: str) -> 
     # the download went into the normal cache: offline now serves the same files
     (offline,) = run_resolve(tmp_path, "acme/tiny")
     assert offline["kind"] == "hub" and offline["revision"] == SHA_REMOTE and offline["config"] == TINY_CONFIG
+
+
+def test_endpoint_processor_files_then_offline_cache(tmp_path: Path, fake_hub: str) -> None:
+    # processor configs, their remote code (as text) and the tokenizer come through hf_hub_download;
+    # weights never do, and absent processor files are simply absent
+    (online,) = run_resolve(tmp_path, "acme/vlm", offline=False, endpoint=fake_hub)
+    assert online["processor"]["configs"] == ["preprocessor_config.json"]
+    assert online["processor"]["code"] == ["processing_x.py"]
+    assert "tokenizer.json" in online["processor"]["present"]
+    assert online["processor"]["folder"] == online["location"]
+    assert not list((tmp_path / "hub_cache").rglob("model.safetensors"))
+    (offline,) = run_resolve(tmp_path, "acme/vlm")
+    assert offline["processor"] == online["processor"]
 
 
 def test_endpoint_errors_are_one_line(tmp_path: Path, fake_hub: str) -> None:

@@ -1,0 +1,127 @@
+"""Run real vLLM on tiny vision-language folders, with an image in the prompt and with text only,
+and record what it did next to hfcheck's prediction for the same folder.
+
+Runs inside vLLM's environment like ``batch`` (``python -m hfcheck.porter.runtime.vlm JOB``).
+For each case (a model type with ``tiny_vlm`` builder arguments):
+
+1. the folder, with its processor, is written by ``tiny_vlm``;
+2. hfcheck's scan of it (the prediction, for the CPU build);
+3. ``vllm.LLM(model=..., model_impl="transformers")``, greedy tokens for one prompt holding the
+   image placeholder with an image, and one text-only prompt, vLLM's log captured;
+4. transformers' ``generate`` on the processor's inputs for both prompts (the expected tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hfcheck.porter.runtime.batch import _first, _output_to
+from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
+
+TOKENS = 6
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llava": ("llava", {}),
+    "gemma3": ("gemma3", {}),
+    "gemma3+vision_use_head": ("gemma3", {"vision_use_head": True}),
+}
+"""Case name -> (model type, vision-config overrides). The last one keeps SigLIP's pooling head,
+an nn.MultiheadAttention (HFC907)."""
+
+
+def _image():
+    from PIL import Image
+
+    return Image.new("RGB", (32, 32), (120, 30, 200))
+
+
+def run_case(name: str, work: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.vllm_release import installed_is_cpu_build
+    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+
+    model_type, vision = CASES[name]
+    folder = work / name.replace("+", "-")
+    row: dict[str, Any] = {"model_type": name, "section": "image-text-to-text"}
+    t0 = time.perf_counter()
+    placeholder = BUILDERS[model_type](folder, **vision)
+    report = build_report(analyse(resolve(str(folder))))
+    want = predicted(report, cpu_build=installed_is_cpu_build())
+    row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
+    prompts = {"image": f"{placeholder} {PROMPT_WORDS}", "text": f"{PROMPT_WORDS} b"}
+    log_path = work / f"{folder.name}.log"
+    tokens = None
+    try:
+        from vllm import LLM, SamplingParams
+
+        with _output_to(log_path):
+            llm = LLM(model=str(folder), model_impl="transformers", dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
+                      limit_mm_per_prompt={"image": 1})
+            try:
+                params = SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True)
+                out = llm.generate([{"prompt": prompts["image"], "multi_modal_data": {"image": _image()}}, {"prompt": prompts["text"]}], params)
+                tokens = {"image": list(out[0].outputs[0].token_ids), "text": list(out[1].outputs[0].token_ids)}
+            finally:
+                with contextlib.suppress(Exception):
+                    llm.llm_engine.engine_core.shutdown()
+                del llm
+                gc.collect()
+        row["status"] = "loaded"
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        row["status"] = "refused"
+        text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+        row["error"] = load_error(text) or _first(exc)
+    got = parse(log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else "")
+    row["decisions"] = got.to_dict()
+    if tokens is not None:
+        row["differences"] = differences(got, want)
+        processor = AutoProcessor.from_pretrained(folder)
+        model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+        expected = {}
+        for kind, prompt in prompts.items():
+            inputs = processor(text=prompt, images=[_image()] if kind == "image" else None, return_tensors="pt")
+            with torch.no_grad():
+                gen = model.generate(**inputs, max_new_tokens=TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+            expected[kind] = gen[0, inputs["input_ids"].shape[1]:].tolist()
+        row.update(tokens=tokens, expected=expected, tokens_match=tokens == expected)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    out = Path(job["out"])
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with tempfile.TemporaryDirectory(prefix="hfcheck-runtime-vlm-") as tmp:
+        for name in job["model_types"]:
+            with open(job["progress"], "w", encoding="utf-8") as f:
+                f.write(name)
+            try:
+                row = run_case(name, Path(tmp))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - one case's failure is its row
+                row = {"model_type": name, "section": "image-text-to-text", "status": "error", "error": _first(exc),
+                       "traceback": traceback.format_exc()[-1500:]}
+            row["vllm"] = job.get("vllm_version")
+            with open(out, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
