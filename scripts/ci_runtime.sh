@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI's runtime stage: real vLLM (its CPU build, set up once and cached) on a handful of
-# families -- dense GQA, MoE, MLA, one blocked hybrid -- compared with hfcheck's prediction,
+# families -- dense GQA, MoE, MLA, one blocked hybrid, a vision-language model with an image -- compared with hfcheck's prediction,
 # then one real remote-code model ported (retargeted, and rewritten in place) and served end to
 # end with tokens equal to transformers'. Fails on any difference not listed in scripts/crosscheck/runtime_known_differences.toml.
 set -euo pipefail
@@ -11,6 +11,11 @@ trap 'rm -rf "$WORK"' EXIT
 
 .venv/bin/python scripts/runtime_crosscheck.py --types llama,qwen3_moe,deepseek_v3,qwen3_next \
   --out "$WORK/runtime.jsonl" --gate scripts/crosscheck/runtime_known_differences.toml
+
+# a vision-language model (Gemma 3's shape, processor made locally) served with an image and with
+# text only, and the same tower with SigLIP's pooling head, which vLLM refuses (HFC907)
+.venv/bin/python scripts/runtime_crosscheck.py --vlm --types gemma3,gemma3+vision_use_head \
+  --out "$WORK/runtime-vlm.jsonl" --gate scripts/crosscheck/runtime_known_differences.toml
 
 REMOTE=../shared/fixtures/remote-real/internlm-20b
 if [ -d "$REMOTE" ]; then

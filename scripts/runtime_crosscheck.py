@@ -46,8 +46,9 @@ def prepare(log) -> tuple[Path, str]:
     from hfcheck.porter.runtime.environment import cpu_vllm
 
     runtime = cpu_vllm(log)
+    # asked from another folder: in this checkout's root `import hfcheck` finds ./hfcheck without any install
     check = subprocess.run([str(runtime.python), "-c", f"import hfcheck, sys; sys.exit(0 if hfcheck.__file__.startswith({str(ROOT)!r}) else 1)"],
-                           capture_output=True, check=False)
+                           capture_output=True, check=False, cwd="/")
     if check.returncode != 0:
         log("installing hfcheck (editable, no dependencies) into vLLM's environment")
         subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
