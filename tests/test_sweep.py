@@ -228,7 +228,7 @@ def test_model_types_come_from_the_type_index_without_transformers(tmp_path):
                             capture_output=True, text=True, env=env_for(tmp_path), timeout=240, cwd=tmp_path)
     assert "heavy imports: []" in second.stderr and "0 analysed, 1 from cache, 1 failed" in second.stderr, second.stderr
     assert json.loads(second.stdout) == json.loads(first.stdout)
-    assert json.loads(first.stdout)["not_a_model_type"]["error"].startswith("analysis failed: 'not_a_model_type' is not a causal-LM model type")
+    assert json.loads(first.stdout)["not_a_model_type"]["error"].startswith("analysis failed: 'not_a_model_type' is neither a causal-LM nor an image-text-to-text model type")
 
 
 def test_ctrl_c_keeps_finished_results_and_writes_the_atlas(tmp_path):

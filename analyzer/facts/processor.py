@@ -119,6 +119,9 @@ def _inspect_class(facts: ProcessorFacts, name: str) -> None:
     if not isinstance(cls, type):
         facts.problems.append(f"transformers {transformers.__version__} has no class {name}")
         return
+    if "<locals>" in cls.__qualname__:  # transformers' placeholder for a class whose backend (e.g. torchvision) is missing
+        facts.problems.append(f"{name} needs a backend that is not installed here (transformers gives a placeholder)")
+        return
     facts.is_processor_mixin = issubclass(cls, ProcessorMixin)
     if not facts.is_processor_mixin:
         return

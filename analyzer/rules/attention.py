@@ -238,7 +238,8 @@ class EncoderModels(Rule):
 
     def _multimodal(self, obs) -> list[Finding]:
         components = {m.path: m.component for m in obs.modules}
-        in_language = [p for p in obs.encoder_attention if components.get(p) is None]
+        attention = {m.path for m in obs.modules if m.attention}
+        in_language = [p for p in obs.encoder_attention if components.get(p) is None and p in attention]
         if in_language:
             return [self.failed(
                 f"{in_language[0]} (language model) has is_causal = False, but vLLM gives a multimodal model's language "
@@ -246,6 +247,5 @@ class EncoderModels(Rule):
                 "Serve it with a native vLLM implementation, or make the language model causal.",
             )]
         towers = sorted({components[p] for p in obs.encoder_attention if components.get(p)})
-        return [self.passed(
-            f"multimodal: bidirectional attention only in {', '.join(towers)}; vLLM gives the language model decoder attention"
-        )]
+        where = f"only in {', '.join(towers)}" if towers else "outside the language model's attention"
+        return [self.passed(f"multimodal: bidirectional modules {where}; vLLM gives the language model decoder attention")]

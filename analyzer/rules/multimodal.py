@@ -98,6 +98,9 @@ class LanguageModelFound(Rule):
             return []
         if obs is None:
             return [self.inconclusive("no instance to look for the language model in")]
+        config = analysis.instance.config
+        if config.get_text_config() is config:
+            return [self.inconclusive(f"the instance is the text model alone ({analysis.instance.vllm_build_problem or 'not composite'})")]
         if obs.language_model_attr is None:
             return [self.failed(f"{type(analysis.instance.model).__name__} has neither `language_model` nor `text_model`: vLLM finds no language model to embed prompts with")]
         return [self.passed(f"language model at `{obs.language_model_attr}` (decoder {obs.decoder_path or 'the model itself'})")]
@@ -118,6 +121,8 @@ class ProcessorBuilds(ProcessorRule):
     fix = "Ship processor_config.json (or `processor_class` in preprocessor_config.json) naming a ProcessorMixin subclass."
 
     def judge(self, analysis, p) -> list[Finding]:
+        if (p is None or p.processor_class is None) and analysis.source.location is None:
+            return [self.inconclusive("no processor files to read (a model type's default config) and no processor for the model type")]
         if p is None or p.processor_class is None:
             return [self.failed("no processor: no processor_class in the processor files and none for the model type; vLLM's "
                                 "AutoProcessor then builds a tokenizer or image processor alone, which it refuses")]

@@ -42,6 +42,15 @@ def causal_lm_mapping() -> dict[str, str]:
     return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def image_text_to_text_mapping() -> dict[str, str]:
+    """transformers' ``MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`` less the causal-LM types (those
+    are analysed with their causal-LM class): the vision-language types vLLM's multimodal path takes."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    causal = causal_lm_mapping()
+    return {t: name for t, name in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items() if t not in causal}
+
+
 def causal_lm_types() -> list[Target]:
     """Every causal-LM model type of the installed transformers, sorted."""
     return [Target(key=t, model_type=t) for t in sorted(causal_lm_mapping())]
@@ -85,9 +94,9 @@ def default_config(model_type: str) -> tuple[dict, list[str]]:
     """
     from transformers import AutoConfig
 
-    mapping = causal_lm_mapping()
+    mapping = {**image_text_to_text_mapping(), **causal_lm_mapping()}
     if model_type not in mapping:
-        raise TargetError(f"{model_type!r} is not a causal-LM model type of the installed transformers")
+        raise TargetError(f"{model_type!r} is neither a causal-LM nor an image-text-to-text model type of the installed transformers")
     try:
         config = AutoConfig.for_model(model_type).to_dict()
     except Exception as exc:  # noqa: BLE001 - a transformers default that does not validate is a finding
