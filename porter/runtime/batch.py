@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,10 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     return row
 
 
-def main() -> None:
+def run_job(run: Callable[[str, Path], dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
+    """The job loop every runtime batch shares: for each name in the job (``sys.argv[1]``), say
+    which one runs (the parent reads it when the batch dies), run it, and append its row at once;
+    a name whose run raises gets an ``error`` row (``extra`` is added to every row)."""
     job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     out = Path(job["out"])
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -176,14 +180,19 @@ def main() -> None:
             with open(job["progress"], "w", encoding="utf-8") as f:
                 f.write(model_type)
             try:
-                row = run_one(model_type, Path(tmp))
+                row = run(model_type, Path(tmp))
             except KeyboardInterrupt:
                 raise
-            except BaseException as exc:  # noqa: BLE001
-                row = {"model_type": model_type, "status": "error", "error": _first(exc), "traceback": traceback.format_exc()[-1500:]}
+            except BaseException as exc:  # noqa: BLE001 - one model's failure is its row
+                row = {"model_type": model_type, **(extra or {}), "status": "error", "error": _first(exc),
+                       "traceback": traceback.format_exc()[-1500:]}
             row["vllm"] = job.get("vllm_version")
             with open(out, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+
+
+def main() -> None:
+    run_job(run_one)
 
 
 if __name__ == "__main__":

@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
-import os
-import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import _first, _output_to
+from hfcheck.porter.runtime.batch import _first, _output_to, run_job
 from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
 
 TOKENS = 6
@@ -104,23 +99,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
-    out = Path(job["out"])
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    with tempfile.TemporaryDirectory(prefix="hfcheck-runtime-vlm-") as tmp:
-        for name in job["model_types"]:
-            with open(job["progress"], "w", encoding="utf-8") as f:
-                f.write(name)
-            try:
-                row = run_case(name, Path(tmp))
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - one case's failure is its row
-                row = {"model_type": name, "section": "image-text-to-text", "status": "error", "error": _first(exc),
-                       "traceback": traceback.format_exc()[-1500:]}
-            row["vllm"] = job.get("vllm_version")
-            with open(out, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+    run_job(run_case, {"section": "image-text-to-text"})
 
 
 if __name__ == "__main__":
