@@ -86,10 +86,6 @@ class Observations:
     multihead_attention: list[str] = field(default_factory=list)
     """Paths of ``nn.MultiheadAttention`` modules (their ``out_proj`` is an nn.Linear subclass)."""
 
-    def tower_modules(self) -> list[ModuleObservation]:
-        """Modules outside the language model (vision/audio towers, projectors)."""
-        return [m for m in self.modules if m.component is not None]
-
     def module_classes(self, keep=lambda m: True) -> list[ModuleObservation]:
         """The first instance of each module class that ``keep`` accepts (rules judge classes)."""
         return list({m.cls: m for m in reversed(self.modules) if keep(m)}.values())[::-1]

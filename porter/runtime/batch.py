@@ -100,6 +100,24 @@ def build_folder(model_type: str, folder: Path):
     raise RuntimeError("; ".join(errors))
 
 
+def generate_in_vllm(log_path: Path, prompts: list[Any], max_tokens: int, **llm: Any) -> list[list[int]]:
+    """Start real vLLM on a folder (transformers backend, float32, eager; its log, engine processes
+    included, into ``log_path``), greedy ``max_tokens`` for each prompt, and shut the engine down.
+    Raises what vLLM raises when it refuses the model."""
+    from vllm import LLM, SamplingParams
+
+    with _output_to(log_path):
+        engine = LLM(model_impl="transformers", dtype="float32", enforce_eager=True, seed=0, **llm)
+        try:
+            out = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+            return [list(o.outputs[0].token_ids) for o in out]
+        finally:
+            with contextlib.suppress(Exception):
+                engine.llm_engine.engine_core.shutdown()
+            del engine
+            gc.collect()
+
+
 def run_one(model_type: str, work: Path) -> dict[str, Any]:
     import torch
 
@@ -123,7 +141,6 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     log_path = work / f"{model_type}.log"
     tokens = None
     try:
-        from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
         vocab = model.get_input_embeddings().num_embeddings
@@ -133,17 +150,8 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
         for key in ("max_position_embeddings", "n_positions"):
             if isinstance(getattr(text, key, None), int):
                 length = min(length, getattr(text, key))
-        with _output_to(log_path):
-            llm = LLM(model=str(folder), model_impl="transformers", dtype="float32", max_model_len=length, enforce_eager=True,
-                      skip_tokenizer_init=True, seed=0)
-            try:
-                out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True))
-                tokens = list(out[0].outputs[0].token_ids)
-            finally:
-                with contextlib.suppress(Exception):
-                    llm.llm_engine.engine_core.shutdown()
-                del llm
-                gc.collect()
+        (tokens,) = generate_in_vllm(log_path, [TokensPrompt(prompt_token_ids=ids)], TOKENS, model=str(folder), max_model_len=length,
+                                     skip_tokenizer_init=True)
         row["status"] = "loaded"
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):

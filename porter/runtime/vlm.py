@@ -13,13 +13,11 @@ For each case (a model type with ``tiny_vlm`` builder arguments):
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import _first, _output_to, run_job
+from hfcheck.porter.runtime.batch import _first, generate_in_vllm, run_job
 from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
 
 TOKENS = 6
@@ -60,20 +58,9 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
     log_path = work / f"{folder.name}.log"
     tokens = None
     try:
-        from vllm import LLM, SamplingParams
-
-        with _output_to(log_path):
-            llm = LLM(model=str(folder), model_impl="transformers", dtype="float32", max_model_len=128, enforce_eager=True, seed=0,
-                      limit_mm_per_prompt={"image": 1})
-            try:
-                params = SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True)
-                out = llm.generate([{"prompt": prompts["image"], "multi_modal_data": {"image": _image()}}, {"prompt": prompts["text"]}], params)
-                tokens = {"image": list(out[0].outputs[0].token_ids), "text": list(out[1].outputs[0].token_ids)}
-            finally:
-                with contextlib.suppress(Exception):
-                    llm.llm_engine.engine_core.shutdown()
-                del llm
-                gc.collect()
+        image, text = generate_in_vllm(log_path, [{"prompt": prompts["image"], "multi_modal_data": {"image": _image()}}, {"prompt": prompts["text"]}],
+                                       TOKENS, model=str(folder), max_model_len=128, limit_mm_per_prompt={"image": 1})
+        tokens = {"image": image, "text": text}
         row["status"] = "loaded"
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
