@@ -157,3 +157,17 @@ def test_text_model_scan_has_no_processor_side(scan_type):
     r = scan_type("qwen3")
     assert r["processor"] is None and not r["model"]["multimodal"]
     assert not [c for c in r["checks"] if c["code"].startswith("HFC9")]
+
+
+def test_remote_vlm_with_layer_count_in_llm_config_gets_an_analysis():
+    # InternVL2 keeps its language model's fields under llm_config; this used to end with exit 2
+    # "config.json has no layer count (num_hidden_layers)"
+    from hfcheck.analyzer.facts import collect_facts
+
+    folder = Path(__file__).parent / "data" / "internvl2-2b"
+    facts, _ = collect_facts(json.loads((folder / "config.json").read_text()))
+    assert (facts.num_layers, facts.num_heads, facts.num_kv_heads, facts.text_config_key) == (24, 16, 8, "llm_config")
+    assert facts.towers == ["vision_config"]
+    r = scan(folder)
+    # remote code, not executed: undecided rather than an error
+    assert r["model"]["model_type"] == "internvl_chat" and r["verdict"] == "inconclusive"
