@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI's runtime stage: real vLLM (its CPU build, set up once and cached) on a handful of
-# families -- dense GQA, MoE, MLA, one blocked hybrid, a vision-language model with an image -- compared with hfcheck's prediction,
+# families -- dense GQA, MoE, MLA, one blocked hybrid, a vision-language model with an image, two pooling encoders -- compared with hfcheck's prediction,
 # then one real remote-code model ported (retargeted, and rewritten in place) and served end to
 # end with tokens equal to transformers'. Fails on any difference not listed in scripts/crosscheck/runtime_known_differences.toml.
 set -euo pipefail
@@ -16,6 +16,11 @@ trap 'rm -rf "$WORK"' EXIT
 # text only, and the same tower with SigLIP's pooling head, which vLLM refuses (HFC907)
 .venv/bin/python scripts/runtime_crosscheck.py --vlm --types gemma3,gemma3+vision_use_head \
   --out "$WORK/runtime-vlm.jsonl" --gate scripts/crosscheck/runtime_known_differences.toml
+
+# pooling: BERT served as an embedding model (embedding equal to transformers'), and ELECTRA, whose
+# embeddings_project vLLM's legacy mapper drops (HFC910: it loads, with a wrong embedding)
+.venv/bin/python scripts/runtime_crosscheck.py --pooling --types pooling:bert,pooling:electra \
+  --out "$WORK/runtime-pooling.jsonl" --gate scripts/crosscheck/runtime_known_differences.toml
 
 REMOTE=../shared/fixtures/remote-real/internlm-20b
 if [ -d "$REMOTE" ]; then

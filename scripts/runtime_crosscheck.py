@@ -3,6 +3,7 @@ vLLM (the CPU build here), its logged decisions compared with hfcheck's predicti
 
     .venv/bin/python scripts/runtime_crosscheck.py [--types qwen3,llama] [--batch 8] [--out reports/runtime-vllm-0.32.0.jsonl] [--ray ADDRESS]
     .venv/bin/python scripts/runtime_crosscheck.py --vlm [--types llava,gemma3]   # vision-language folders with an image
+    .venv/bin/python scripts/runtime_crosscheck.py --pooling [--types pooling:bert]   # encoders as embedding models
 
 - vLLM's CPU build is set up once (``porter.runtime.environment``) and hfcheck is installed into
   it without dependencies, so prediction and runtime read the same transformers (5.19 there);
@@ -64,7 +65,9 @@ def model_types(python: Path) -> list[str]:
 
 BATCH_MODULE = "hfcheck.porter.runtime.batch"
 VLM_MODULE = "hfcheck.porter.runtime.vlm"
-"""The child that runs a batch: causal-LM model types, or the tiny vision-language cases (``--vlm``)."""
+POOLING_MODULE = "hfcheck.porter.runtime.pooling"
+"""The child that runs a batch: causal-LM model types, the tiny vision-language cases (``--vlm``),
+or encoder types on vLLM's pooling runner (``--pooling``)."""
 
 
 def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model_s: float, module: str = BATCH_MODULE) -> dict:
@@ -168,6 +171,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--types", default=None, help="comma-separated model types (default: every causal-LM type; with --vlm every case)")
     parser.add_argument("--vlm", action="store_true", help="the tiny vision-language cases (porter/runtime/vlm.py), served with an image and text only")
+    parser.add_argument("--pooling", action="store_true", help="encoder types on vLLM's pooling runner (porter/runtime/pooling.py), embeddings compared")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--per-model", type=float, default=180.0, help="seconds allowed per model type")
     parser.add_argument("--out", default=None)
@@ -178,8 +182,9 @@ def main() -> int:
     parser.add_argument("--gate", metavar="TOML", default=None,
                         help="exit 1 when a type disagrees with vLLM and is not listed (with its reason) in this file")
     args = parser.parse_args()
-    if args.vlm and args.ray is not None:
-        parser.error("--vlm runs its few cases on this machine (no --ray)")
+    kind = "vlm" if args.vlm else ("pooling" if args.pooling else "")
+    if kind and args.ray is not None:
+        parser.error(f"--{kind} runs its few cases on this machine (no --ray)")
 
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
@@ -187,14 +192,16 @@ def main() -> int:
     from hfcheck.porter.runtime.decisions import agreement
 
     python, version = prepare(log)
-    default_out = f"runtime-vlm-vllm-{version}.jsonl" if args.vlm else f"runtime-vllm-{version}.jsonl"
-    out = Path(args.out or ROOT / "reports" / default_out).resolve()  # the batches run elsewhere
+    from hfcheck.porter.runtime.decisions import rows_prefix
+
+    out = Path(args.out or ROOT / "reports" / f"{rows_prefix(kind)}{version}.jsonl").resolve()  # the batches run elsewhere
     key = source_hash()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.is_file() and not args.fresh else []
-    if args.vlm:
-        from hfcheck.porter.runtime.vlm import CASES
+    if kind:
+        from importlib import import_module
 
-        types = args.types.split(",") if args.types else list(CASES)
+        cases = import_module(VLM_MODULE if args.vlm else POOLING_MODULE).CASES
+        types = args.types.split(",") if args.types else list(cases)
     else:
         types = args.types.split(",") if args.types else model_types(python)
     # a row recorded by other hfcheck code is run again when its type is asked for; the rows of
@@ -208,7 +215,7 @@ def main() -> int:
     t0 = time.monotonic()
     if todo:
         run(todo, python, version, tmp, args.batch, args.per_model, log, ray=args.ray, cpus_per_batch=args.cpus_per_batch,
-            module=VLM_MODULE if args.vlm else BATCH_MODULE)
+            module={"vlm": VLM_MODULE, "pooling": POOLING_MODULE}.get(kind, BATCH_MODULE))
     rows = [{"hfcheck_source": key, **json.loads(line)} for line in tmp.read_text().splitlines() if line.strip()]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tmp.unlink()

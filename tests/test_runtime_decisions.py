@@ -55,3 +55,18 @@ def test_agreement_counts_the_prediction_for_the_runtime_it_ran_on():
     assert runtime_cell(loaded) == "✓ loaded, tokens = transformers"
     old_row = {"model_type": "f", "verdict": "blocked", "status": "refused"}  # rows from before `predicted`
     assert agreement([old_row])["verdict_agrees"] == 1
+
+
+def test_a_model_that_loads_with_wrong_output_is_not_served():
+    # a pooling row whose embedding does not match transformers' (a layer vLLM never loaded)
+    # agrees with a prediction of "not served", and disagrees with "served"
+    wrong = {"model_type": "pooling:electra", "status": "loaded", "wrong_output": "embedding cosine 0.0000 to transformers'",
+             "predicted": {"transformers_backend": False}, "differences": [], "tokens_match": False}
+    right = {"model_type": "pooling:bert", "status": "loaded", "cosine": 1.0, "predicted": {"transformers_backend": True},
+             "differences": [], "tokens_match": True}
+    a = agreement([wrong, right])
+    assert (a["built"], a["verdict_agrees"], a["all_agree"], a["disagree"]) == (2, 2, 2, [])
+    assert runtime_cell(wrong) == "✓ loaded, but its output differs from transformers' (embedding cosine 0.0000 to transformers')"
+    assert runtime_cell(right) == "✓ loaded, embedding = transformers"
+    claimed = {**wrong, "predicted": {"transformers_backend": True}}
+    assert agreement([claimed])["disagree"] == ["pooling:electra"]

@@ -28,6 +28,7 @@ from hfcheck.analyzer.sweep.run import SweepResult, instance_ok, sweep
 from hfcheck.analyzer.sweep.targets import (
     Target,
     TargetError,
+    atlas_types,
     causal_lm_mapping,
     causal_lm_types,
     parse_refs,
@@ -209,8 +210,8 @@ def test_cache_makes_a_rerun_instant_and_no_cache_bypasses_it(tmp_path):
 
 
 def test_model_types_come_from_the_type_index_without_transformers(tmp_path):
-    listing = "import sys; from pathlib import Path; from hfcheck.analyzer.sweep.cache import ResultCache; from hfcheck.analyzer.sweep.run import causal_lm_targets\n" \
-        "t = causal_lm_targets(ResultCache(Path(sys.argv[1])))\n" \
+    listing = "import sys; from pathlib import Path; from hfcheck.analyzer.sweep.cache import ResultCache; from hfcheck.analyzer.sweep.run import atlas_targets\n" \
+        "t = atlas_targets(ResultCache(Path(sys.argv[1])))\n" \
         "print(len(t), t[0].key, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
 
     def types() -> str:
@@ -218,7 +219,8 @@ def test_model_types_come_from_the_type_index_without_transformers(tmp_path):
         assert run.returncode == 0, run.stderr
         return run.stdout.split()
 
-    every = causal_lm_types()
+    every = atlas_types()
+    assert {t.section for t in every} == {"causal-lm", "image-text-to-text", "pooling"}
     assert types()[:2] == [str(len(every)), every[0].key]  # the first run asks transformers and keeps the list
     assert types() == [str(len(every)), every[0].key, "[]"]
     # a type whose default config cannot be a target is known as such too: the re-run does not ask again
@@ -359,3 +361,31 @@ def test_atlas_column_of_what_vllm_ran(tmp_path, scan_type):
     assert lines["| qwen3"].endswith("| ✓ loaded, tokens = transformers |")
     assert lines["| gpt2"].endswith("| ✓ refused: ValueError: Following weights were not initialized |")
     assert lines["| odd"].endswith("| ✗ loaded, tokens = transformers |")
+
+
+def test_atlas_sections_for_vision_language_and_pooling_types(tmp_path, scan_type):
+    """Types of the image-text-to-text and pooling sections get their own section, counts and table
+    (with what vLLM ran for them, from their own runtime rows); the summary stays the causal-LM one."""
+    from hfcheck.analyzer.sweep.atlas import write_atlas
+    from hfcheck.analyzer.sweep.targets import parse_refs
+
+    (pooling,) = parse_refs(["pooling:bert"])
+    assert (pooling.key, pooling.model_type, pooling.section) == ("pooling:bert", "bert", "pooling")
+    vlm = Target("llava", model_type="llava", section="image-text-to-text")
+    (tmp_path / "runtime-pooling-vllm-0.32.0.jsonl").write_text(json.dumps(
+        {"model_type": "pooling:bert", "status": "loaded", "predicted": {"transformers_backend": True}, "differences": [],
+         "tokens_match": True, "cosine": 1.0}) + "\n")
+    result = SweepResult(
+        [Target("qwen3", model_type="qwen3"), vlm, pooling],
+        {"qwen3": {"report": scan_type("qwen3")}, "llava": {"report": scan_type("llama")}, "pooling:bert": {"error": "timed out after 1 s"}},
+    )
+    text = write_atlas(result, tmp_path / "atlas.md").read_text()
+    assert text.index("## Every target") < text.index("## Vision-language types") < text.index("## Pooling types")
+    summary = text[text.index("## Summary"):text.index("## Failures")]
+    assert "| **total** | **1** |" in summary  # the causal-LM section alone
+    vlm_part = text[text.index("## Vision-language types"):text.index("## Pooling types")]
+    assert "1 targets:" in vlm_part and "native-speed 1, runs 0, blocked 0, inconclusive 0, analysis failed 0" in vlm_part
+    assert "| llava | LlamaForCausalLM | native-speed |" in vlm_part
+    pool_part = text[text.index("## Pooling types"):]
+    assert "analysis failed 1" in pool_part and "**1 of 1** agree" in pool_part
+    assert "| pooling:bert | — | analysis failed |" in pool_part and pool_part.rstrip().endswith("✓ loaded, embedding = transformers |")

@@ -75,7 +75,7 @@ def targets_from(args: argparse.Namespace):
     from hfcheck.analyzer.sweep.hub import expand
     from hfcheck.analyzer.sweep.targets import (
         TargetError,
-        causal_lm_types,
+        atlas_types,
         parse_refs,
         read_ref_file,
     )
@@ -98,7 +98,7 @@ def targets_from(args: argparse.Namespace):
     targets = parse_refs(entries)
     if args.atlas:
         have = {t.key for t in targets}
-        targets += [t for t in causal_lm_types() if t.key not in have]
+        targets += [t for t in atlas_types() if t.key not in have]
         scope.append("atlas")
     if not targets:
         if args.from_file and not (args.refs or args.author or args.atlas):

@@ -28,6 +28,7 @@ from hfcheck.analyzer.rules.parallel import (
     TensorParallelPlan,
     TensorParallelSizes,
 )
+from hfcheck.analyzer.rules.pooling import POOLING_RULES
 from hfcheck.analyzer.rules.quantization import Quantization
 from hfcheck.analyzer.rules.remote_code import REMOTE_CODE_RULES
 from hfcheck.analyzer.rules.resolution import (
@@ -65,6 +66,7 @@ RULES: tuple[type[Rule], ...] = (
     PipelineParallel,
     Quantization,
     *MULTIMODAL_RULES,
+    *POOLING_RULES,
     *REMOTE_CODE_RULES,
 )
 

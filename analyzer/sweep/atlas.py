@@ -19,6 +19,7 @@ from hfcheck.analyzer.sweep.run import (
     instance_error,
     instance_ok,
 )
+from hfcheck.analyzer.sweep.targets import CAUSAL, POOLING, VLM
 
 VERDICTS = ("native-speed", "runs", "blocked", "inconclusive")
 
@@ -121,16 +122,22 @@ def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str
     ]
 
 
-def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime: tuple[str, dict[str, dict]] | None = None) -> str:
-    """``runtime``: (vLLM version, runtime cross-check rows by model type), for the *vLLM ran* column."""
+def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime: tuple[str, dict[str, dict]] | None = None,
+                 sections_runtime: dict[str, tuple[str, dict[str, dict]]] | None = None) -> str:
+    """``runtime``: (vLLM version, runtime cross-check rows by model type), for the *vLLM ran* column;
+    ``sections_runtime``: the same per further section (VLM, pooling), rows keyed by target key.
+
+    The summary, failures and main table cover the causal-LM types and the references; each
+    further section (``targets.SECTIONS``) follows with its own counts and table."""
     from hfcheck.analyzer.sweep.cache import versions
     from hfcheck.analyzer.vllm_release import modelled_version
 
     v = versions()
-    rows = result.ordered()
-    counts = summary_counts(result)
-    ok, total = coverage(result)
-    all_types = all(t.is_type for t in result.targets)
+    main = SweepResult([t for t in result.targets if t.section == CAUSAL or not t.is_type], result.results, interrupted=result.interrupted)
+    rows = main.ordered()
+    counts = summary_counts(main)
+    ok, total = coverage(main)
+    all_types = all(t.is_type for t in main.targets)
     scope = title_scope or (
         f"every causal-LM model type of transformers {v['transformers']} (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`), "
         "each analysed from its config class defaults with `architectures` set to the mapping's class"
@@ -167,7 +174,7 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
             "",
         ]
 
-    failed = result.failed
+    failed = main.failed
     no_instance = [(t, r, instance_error(r)) for t, r in rows if "report" in r and not instance_ok(r)]
     out += ["## Failures", ""]
     if not failed and not no_instance:
@@ -182,6 +189,15 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
         out.append("")
 
     out += _runtime_section(runtime, [t.model_type for t, _ in rows if t.is_type])
+    out += ["## Every target", ""] + _table(rows, runtime)
+    for section in (VLM, POOLING):
+        out += _section(result, section, (sections_runtime or {}).get(section))
+    return "\n".join(out)
+
+
+def _table(rows: list, runtime: tuple[str, dict[str, dict]] | None) -> list[str]:
+    """One row per target; with ``runtime`` rows (keyed by target key), a *vLLM ran* column."""
+    out: list[str] = []
     ran = runtime[1] if runtime else None
     if ran is not None:
         from hfcheck.porter.runtime.decisions import runtime_cell
@@ -189,12 +205,12 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
     rule = "|---|---|---|---:|---|---|---|---|---|---|"
     if ran is not None:
         head, rule = head + f" vLLM ran ({runtime[0]}) |", rule + "---|"
-    out += ["## Every target", "", head, rule]
+    out += [head, rule]
     for t, res in rows:
         report = res.get("report")
         tail = ""
         if ran is not None:
-            row = ran.get(t.model_type or "")
+            row = ran.get(t.key if t.section != CAUSAL else (t.model_type or ""))
             tail = f" {_cell(_short(runtime_cell(row), 220)) if row else '—'} |"
         if report is None:
             out.append(f"| {_cell(t.key)} | — | {FAILED} | — | — | — | — | — | {_cell(failure_reason(res))} | — |{tail}")
@@ -206,7 +222,40 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
             f"{_cell(_moe(report))} | {_tp(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |{tail}"
         )
     out.append("")
-    return "\n".join(out)
+    return out
+
+
+SECTION_TITLES = {
+    VLM: ("Vision-language types", "every image-text-to-text type (`MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES`) outside the causal-LM "
+          "mapping, analysed with its image-text-to-text class (vLLM's `TransformersMultiModal*` path)"),
+    POOLING: ("Pooling types", "every encoder type (`MODEL_FOR_MASKED_LM_MAPPING_NAMES`) as its base model, which vLLM's pooling runner "
+              "serves as an embedding model (`TransformersEmbeddingModel`)"),
+}
+
+
+def _section(result: SweepResult, section: str, runtime: tuple[str, dict[str, dict]] | None) -> list[str]:
+    """A section of the atlas for the model types of one more kind: its counts, then its rows."""
+    rows = [(t, r) for t, r in result.ordered() if t.is_type and t.section == section]
+    if not rows:
+        return []
+    title, scope = SECTION_TITLES[section]
+    counts = {v: 0 for v in (*VERDICTS, FAILED)}
+    for _, r in rows:
+        name = r["report"].get("verdict") if "report" in r else FAILED
+        counts[name] = counts.get(name, 0) + 1
+    built = sum(instance_ok(r) for _, r in rows)
+    out = [f"## {title}", "", f"{len(rows)} targets: {scope}.", "",
+           ", ".join(f"{name} {n}" for name, n in counts.items()) + f"; tiny instance built and graph walked: {built} of {len(rows)}.", ""]
+    if runtime is not None:
+        from hfcheck.porter.runtime.decisions import agreement
+
+        ran = [runtime[1][t.key] for t, _ in rows if t.key in runtime[1]]
+        if ran:
+            a = agreement(ran)
+            out += [f"Checked against running vLLM {runtime[0]} (`scripts/runtime_crosscheck.py --{'vlm' if section == VLM else 'pooling'}`): "
+                    f"{len(ran)} of these types run, **{a['all_agree']} of {a['built']}** agree with the prediction.", ""]
+    return out + _table(rows, runtime)
+
 
 
 def write_atlas(result: SweepResult, path: Path) -> Path:
@@ -215,6 +264,7 @@ def write_atlas(result: SweepResult, path: Path) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     from hfcheck.porter.runtime.decisions import latest_rows
 
-    tmp.write_text(render_atlas(result, runtime=latest_rows(path.parent)), encoding="utf-8")
+    sections = {section: rows for section, kind in ((VLM, "vlm"), (POOLING, "pooling")) if (rows := latest_rows(path.parent, kind))}
+    tmp.write_text(render_atlas(result, runtime=latest_rows(path.parent), sections_runtime=sections), encoding="utf-8")
     tmp.replace(path)
     return path

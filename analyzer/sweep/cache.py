@@ -206,7 +206,7 @@ def _write_json(path: Path, data: Any) -> None:
                 os.unlink(tmp)
 
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: types are [key, model type, atlas section]
 
 
 @lru_cache(maxsize=1)
@@ -229,7 +229,7 @@ def environment_key() -> str:
 
 class TypeIndex:
     """What the sweep knows about model types without asking transformers, for one
-    ``environment_key``: the list of causal-LM types, and per type the key of its result (or
+    ``environment_key``: the list of atlas types (key, model type, section), and per target key the key of its result (or
     the failure of its default config, which only a new transformers or hfcheck can change).
 
     A re-run whose every target is a cache hit reads this and the result cache and never
@@ -259,14 +259,14 @@ class TypeIndex:
             self._data = data
         return self._data
 
-    def types(self) -> list[str] | None:
-        """Every causal-LM model type, as stored; None when not known yet."""
+    def types(self) -> list[list[str]] | None:
+        """Every atlas model type as [key, model type, section], as stored; None when not known yet."""
         if not self.enabled:
             return None
         types = self._load().get("types")
-        return list(types) if isinstance(types, list) else None
+        return [list(t) for t in types] if isinstance(types, list) else None
 
-    def set_types(self, types: list[str]) -> None:
+    def set_types(self, types: list[list[str]]) -> None:
         if self.enabled:
             self._load()["types"] = list(types)
             self._dirty = True

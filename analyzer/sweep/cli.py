@@ -28,15 +28,18 @@ EXIT_CLEAN, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "sweep",
-        help="analyse many models; with no references, every causal-LM type of the installed transformers",
+        help="analyse many models; with no references, every causal-LM, image-text-to-text and encoder (pooling) type of the installed transformers",
         description=(
             "Analyse many models, each in a worker process under a time limit, with results cached. "
-            "With no references: every causal-LM model type of the installed transformers, from its "
-            "default config, and write the atlas (reports/atlas-transformers-<version>.md)."
+            "With no references: every causal-LM model type of the installed transformers, every "
+            "image-text-to-text type outside it, and every encoder (masked-LM) type as the embedding model "
+            "vLLM's pooling runner serves, each from its default config, and write the atlas "
+            "(reports/atlas-transformers-<version>.md, one section each)."
         ),
-        epilog="A reference is a Hub id[@revision], a local folder, or type:<model_type> (a transformers default config).",
+        epilog="A reference is a Hub id[@revision], a local folder, type:<model_type> (a transformers default config) "
+               "or pooling:<model_type> (an encoder type's base model, as a pooling model).",
     )
-    p.add_argument("refs", nargs="*", metavar="REF", help="Hub id[@revision], local folder, or type:<model_type>")
+    p.add_argument("refs", nargs="*", metavar="REF", help="Hub id[@revision], local folder, type:<model_type> or pooling:<model_type>")
     p.add_argument("--from", dest="from_file", action="append", default=[], metavar="FILE", help="read references from FILE, one per line (# comments; a 'hub:QUERY' line lists the Hub's models); --from hub:QUERY is one query")
     p.add_argument("--format", choices=("text", "json"), default="text", help="json: {target: scan JSON | {\"error\": ...}}")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
@@ -154,11 +157,11 @@ def run(args: argparse.Namespace) -> int:
     if full and args.from_file:
         return _fail("--from file(s) list no references")
     from hfcheck.analyzer.sweep.cache import ResultCache
-    from hfcheck.analyzer.sweep.run import causal_lm_targets, sweep
+    from hfcheck.analyzer.sweep.run import atlas_targets, sweep
 
     cache = ResultCache(enabled=not args.no_cache)
     if full:
-        targets = causal_lm_targets(cache)  # from the cache's type index when it has them: no transformers import
+        targets = atlas_targets(cache)  # from the cache's type index when it has them: no transformers import
 
     from rich.console import Console
 

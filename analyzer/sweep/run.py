@@ -34,7 +34,7 @@ from hfcheck.analyzer.sweep.targets import (
     DefaultConfigError,
     Target,
     TargetError,
-    causal_lm_types,
+    atlas_types,
     prepare,
 )
 from hfcheck.analyzer.sweep.worker import Result, WorkerPool
@@ -169,15 +169,16 @@ class _SameConfig:
     followers: list[tuple[str, Any]] = field(default_factory=list)  # (target key, source)
 
 
-def causal_lm_targets(cache: ResultCache | None = None) -> list[Target]:
-    """Every causal-LM model type of the installed transformers (``targets.causal_lm_types``),
-    from the cache's ``TypeIndex`` when it knows them (no transformers import)."""
+def atlas_targets(cache: ResultCache | None = None) -> list[Target]:
+    """Every model type of the atlas's sections (``targets.atlas_types``: causal-LM,
+    image-text-to-text, pooling), from the cache's ``TypeIndex`` when it knows them (no
+    transformers import)."""
     index = TypeIndex(cache or ResultCache())
     known = index.types()
     if known is not None:
-        return [Target(key=t, model_type=t) for t in known]
-    targets = causal_lm_types()
-    index.set_types([t.key for t in targets])
+        return [Target(key=key, model_type=model_type, section=section) for key, model_type, section in known]
+    targets = atlas_types()
+    index.set_types([[t.key, t.model_type, t.section] for t in targets])
     index.save()
     return targets
 
@@ -222,7 +223,7 @@ def run_batch(
             for target in targets:
                 if stopped():
                     raise Stopped
-                known = index.entry(target.model_type) if target.is_type and not force else None
+                known = index.entry(target.key) if target.is_type and not force else None
                 if known is not None:
                     if "failure" in known:
                         on_progress("done", target.key, dict(known["failure"]))
@@ -236,7 +237,7 @@ def run_batch(
                 if failure is not None:
                     failure.pop("cacheable", None)
                     if failure.pop("lasting", False) and target.is_type:
-                        index.remember(target.model_type, failure=failure)
+                        index.remember(target.key, failure=failure)
                     on_progress("done", target.key, failure)
                     continue
                 try:
@@ -245,7 +246,7 @@ def run_batch(
                     on_progress("done", target.key, {"error": f"cannot key the result: {type(exc).__name__}: {exc}"})
                     continue
                 if target.is_type:
-                    index.remember(target.model_type, key=key)
+                    index.remember(target.key, key=key)
                 chash = config_hash(source)
                 if not force:
                     hit = cache.get(key)

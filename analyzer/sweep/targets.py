@@ -5,7 +5,12 @@ shape, as transformers documents it) with ``architectures`` set to the class the
 mapping names, exactly as if a user had saved that config to a folder. A *reference* target
 is whatever ``hfcheck scan`` accepts (Hub id[@revision] or local folder).
 
-On the command line and in ``--from`` files, ``type:<model_type>`` names a model type.
+On the command line and in ``--from`` files, ``type:<model_type>`` names a model type (a
+causal-LM type, else an image-text-to-text one) and ``pooling:<model_type>`` an encoder type
+analysed as the base model vLLM's pooling runner serves (``<X>Model``: an embedding model).
+
+The atlas has three sections (``SECTIONS``): every causal-LM type, every image-text-to-text
+type outside the causal-LM mapping, and every encoder type (the masked-LM mapping) as pooling.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TYPE_PREFIX = "type:"
+POOLING_PREFIX = "pooling:"
+CAUSAL, VLM, POOLING = "causal-lm", "image-text-to-text", "pooling"
+SECTIONS = (CAUSAL, VLM, POOLING)
 
 
 class TargetError(Exception):
@@ -29,6 +37,7 @@ class Target:
     key: str  # what the results are keyed by: the model type, or the reference as typed
     ref: str | None = None  # a reference for sources.resolve (None for a model type)
     model_type: str | None = None  # a transformers model type (None for a reference)
+    section: str = CAUSAL  # which atlas section a model type belongs to (SECTIONS)
 
     @property
     def is_type(self) -> bool:
@@ -51,9 +60,38 @@ def image_text_to_text_mapping() -> dict[str, str]:
     return {t: name for t, name in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items() if t not in causal}
 
 
+def pooling_mapping() -> dict[str, str]:
+    """Encoder types (transformers' masked-LM mapping) -> their base model class, which vLLM's
+    pooling runner serves as an embedding model (``TransformersEmbeddingModel``)."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_MAPPING_NAMES,
+    )
+
+    out = {}
+    for t in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        base = MODEL_MAPPING_NAMES.get(t)
+        if isinstance(base, str):
+            out[t] = base
+    return out
+
+
 def causal_lm_types() -> list[Target]:
     """Every causal-LM model type of the installed transformers, sorted."""
     return [Target(key=t, model_type=t) for t in sorted(causal_lm_mapping())]
+
+
+def type_target(key: str, model_type: str, section: str) -> Target:
+    return Target(key=key, model_type=model_type, section=section)
+
+
+def atlas_types() -> list[Target]:
+    """Every model type of the three atlas sections, each section sorted."""
+    return (
+        causal_lm_types()
+        + [type_target(t, t, VLM) for t in sorted(image_text_to_text_mapping())]
+        + [type_target(POOLING_PREFIX + t, t, POOLING) for t in sorted(pooling_mapping())]
+    )
 
 
 def parse_refs(refs: list[str]) -> list[Target]:
@@ -65,11 +103,15 @@ def parse_refs(refs: list[str]) -> list[Target]:
         if not ref or ref in seen:
             continue
         seen.add(ref)
-        if ref.startswith(TYPE_PREFIX):
-            model_type = ref[len(TYPE_PREFIX) :].strip()
+        if ref.startswith((TYPE_PREFIX, POOLING_PREFIX)):
+            prefix = TYPE_PREFIX if ref.startswith(TYPE_PREFIX) else POOLING_PREFIX
+            model_type = ref[len(prefix) :].strip()
             if not model_type:
-                raise TargetError(f"{ref!r}: empty model type after {TYPE_PREFIX!r}")
-            out.append(Target(key=model_type, model_type=model_type))
+                raise TargetError(f"{ref!r}: empty model type after {prefix!r}")
+            if prefix == POOLING_PREFIX:
+                out.append(type_target(POOLING_PREFIX + model_type, model_type, POOLING))
+            else:
+                out.append(Target(key=model_type, model_type=model_type))
         else:
             out.append(Target(key=ref, ref=ref))
     return out
@@ -84,7 +126,7 @@ def read_ref_file(path: str) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
 
 
-def default_config(model_type: str) -> tuple[dict, list[str]]:
+def default_config(model_type: str, section: str = CAUSAL) -> tuple[dict, list[str]]:
     """(the config.json a ``save_pretrained`` of the type's default config would write, completions).
 
     A few transformers defaults leave a field at None that their own modeling code divides by
@@ -94,9 +136,14 @@ def default_config(model_type: str) -> tuple[dict, list[str]]:
     """
     from transformers import AutoConfig
 
-    mapping = {**image_text_to_text_mapping(), **causal_lm_mapping()}
-    if model_type not in mapping:
-        raise TargetError(f"{model_type!r} is neither a causal-LM nor an image-text-to-text model type of the installed transformers")
+    if section == POOLING:
+        mapping = pooling_mapping()
+        if model_type not in mapping:
+            raise TargetError(f"{model_type!r} is not an encoder (masked-LM) model type of the installed transformers")
+    else:
+        mapping = {**image_text_to_text_mapping(), **causal_lm_mapping()}
+        if model_type not in mapping:
+            raise TargetError(f"{model_type!r} is neither a causal-LM nor an image-text-to-text model type of the installed transformers")
     try:
         config = AutoConfig.for_model(model_type).to_dict()
     except Exception as exc:  # noqa: BLE001 - a transformers default that does not validate is a finding
@@ -126,13 +173,13 @@ def complete(config: dict, where: str = "") -> list[str]:
     return done
 
 
-def type_source(model_type: str):
+def type_source(model_type: str, section: str = CAUSAL):
     """A ModelSource for a model type's default config (no folder, no remote code)."""
     import transformers
 
     from hfcheck.analyzer.sources import ModelSource
 
-    config, completed = default_config(model_type)
+    config, completed = default_config(model_type, section)
     note = f"default {config['architectures'][0]} config of transformers {transformers.__version__}"
     if completed:
         note += "; completed: " + ", ".join(completed)
@@ -153,7 +200,7 @@ def type_source(model_type: str):
 def prepare(target: Target):
     """The target's ModelSource; TargetError (one line) when there is none."""
     if target.is_type:
-        return type_source(target.model_type)
+        return type_source(target.model_type, target.section)
     from hfcheck.analyzer.sources import SourceError, resolve
 
     try:

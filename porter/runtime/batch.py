@@ -69,16 +69,18 @@ def _output_to(path: Path):
             os.close(fd)
 
 
-def build_folder(model_type: str, folder: Path):
-    """(model, facts) for the runnable small instance saved in ``folder``."""
+def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
+    """The runnable small instance of a model type's default config, saved in ``folder``: its
+    causal-LM class, or (``section="pooling"``) its base model, which vLLM pools."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
     from hfcheck.analyzer.facts import collect_facts
     from hfcheck.analyzer.instance import shrunk_config
-    from hfcheck.analyzer.sweep.targets import default_config
+    from hfcheck.analyzer.sweep.targets import POOLING, default_config
 
-    config, _ = default_config(model_type)
+    auto = AutoModel if section == POOLING else AutoModelForCausalLM
+    config, _ = default_config(model_type, section)
     facts, cfg_obj = collect_facts(config)
     errors = []
     for shrink in ("tiny", "structural"):  # as the analyzer's instance: real widths when small ones are refused
@@ -87,11 +89,11 @@ def build_folder(model_type: str, folder: Path):
             small.architectures = config["architectures"]
             torch.manual_seed(0)
             with torch.device("meta"):
-                probe = AutoModelForCausalLM.from_config(small)
+                probe = auto.from_config(small)
             size = sum(p.numel() for p in probe.parameters())
             if size > MAX_PARAMETERS:
                 raise ValueError(f"{size / 1e6:.0f} M parameters at this size (over {MAX_PARAMETERS / 1e6:.0f} M)")
-            model = AutoModelForCausalLM.from_config(small, dtype=torch.float32).eval()
+            model = auto.from_config(small, dtype=torch.float32).eval()
         except Exception as exc:  # noqa: BLE001 - try the next size
             errors.append(f"{shrink}: {_first(exc)}")
             continue
@@ -100,22 +102,31 @@ def build_folder(model_type: str, folder: Path):
     raise RuntimeError("; ".join(errors))
 
 
-def generate_in_vllm(log_path: Path, prompts: list[Any], max_tokens: int, **llm: Any) -> list[list[int]]:
-    """Start real vLLM on a folder (transformers backend, float32, eager; its log, engine processes
-    included, into ``log_path``), greedy ``max_tokens`` for each prompt, and shut the engine down.
-    Raises what vLLM raises when it refuses the model."""
-    from vllm import LLM, SamplingParams
+@contextlib.contextmanager
+def vllm_engine(log_path: Path, **llm: Any):
+    """Real vLLM on a folder (transformers backend, float32, eager; its log, engine processes
+    included, into ``log_path``), shut down on leaving. Raises what vLLM raises when it refuses
+    the model."""
+    from vllm import LLM
 
     with _output_to(log_path):
         engine = LLM(model_impl="transformers", dtype="float32", enforce_eager=True, seed=0, **llm)
         try:
-            out = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-            return [list(o.outputs[0].token_ids) for o in out]
+            yield engine
         finally:
             with contextlib.suppress(Exception):
                 engine.llm_engine.engine_core.shutdown()
             del engine
             gc.collect()
+
+
+def generate_in_vllm(log_path: Path, prompts: list[Any], max_tokens: int, **llm: Any) -> list[list[int]]:
+    """Greedy ``max_tokens`` for each prompt from real vLLM (``vllm_engine``)."""
+    from vllm import SamplingParams
+
+    with vllm_engine(log_path, **llm) as engine:
+        out = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+        return [list(o.outputs[0].token_ids) for o in out]
 
 
 def run_one(model_type: str, work: Path) -> dict[str, Any]:

@@ -156,6 +156,12 @@ def predicted_loads(row: dict[str, Any]) -> bool:
     return row.get("verdict") in LOADS
 
 
+def served(row: dict[str, Any]) -> bool:
+    """vLLM served the model: it loaded, and its outputs were not shown wrong (``wrong_output``:
+    a pooling row whose embedding does not match transformers', as when weights were dropped)."""
+    return row.get("status") == "loaded" and not row.get("wrong_output")
+
+
 def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Agreement between prediction and runtime over runtime cross-check rows (one per model type).
 
@@ -165,8 +171,8 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
     decisions equal the prediction and its greedy tokens equal transformers'. The one function
     the runtime cross-check's summary, its CI gate and the atlas column read."""
     built = [r for r in rows if r.get("status") in ("loaded", "refused")]
-    verdict_ok = [r for r in built if (r["status"] == "loaded") == predicted_loads(r)]
-    full_ok = [r for r in verdict_ok if r["status"] == "refused" or (not r.get("differences") and r.get("tokens_match"))]
+    verdict_ok = [r for r in built if served(r) == predicted_loads(r)]
+    full_ok = [r for r in verdict_ok if not served(r) or (not r.get("differences") and r.get("tokens_match"))]
     return {"types": len(rows), "built": len(built), "verdict_agrees": len(verdict_ok), "all_agree": len(full_ok),
             "disagree": sorted(r["model_type"] for r in built if r not in full_ok)}
 
@@ -174,8 +180,12 @@ def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def runtime_cell(row: dict[str, Any]) -> str:
     """One atlas cell: what vLLM did with the type, and whether hfcheck predicted it."""
     status = row.get("status")
+    if status == "loaded" and row.get("wrong_output"):
+        mark = "✓" if not predicted_loads(row) else "✗"
+        return f"{mark} loaded, but its output differs from transformers' ({row.get('wrong_output')})"
     if status == "loaded":
-        tokens = "tokens = transformers" if row.get("tokens_match") else "tokens differ from transformers"
+        tokens = ("embedding = transformers" if row.get("cosine") is not None else "tokens = transformers") if row.get("tokens_match") \
+            else "tokens differ from transformers"
         same = not row.get("differences") and row.get("tokens_match") and predicted_loads(row)
         return f"{'✓' if same else '✗'} loaded, {tokens}" + ("" if not row.get("differences") else f"; {'; '.join(row['differences'])}")
     if status == "refused":
@@ -184,20 +194,26 @@ def runtime_cell(row: dict[str, Any]) -> str:
     return f"not run ({status}): {row.get('error') or ''}".rstrip(": ")
 
 
-RUNTIME_ROWS = "runtime-vllm-*.jsonl"
-"""The runtime cross-check's output files (``scripts/runtime_crosscheck.py``), one per vLLM version."""
+def rows_prefix(kind: str = "") -> str:
+    """The runtime cross-check's output files (``scripts/runtime_crosscheck.py``), one per vLLM
+    version: ``runtime-vllm-<v>.jsonl`` (causal-LM types), ``runtime-vlm-vllm-<v>.jsonl`` (its
+    vision-language cases, ``--vlm``), ``runtime-pooling-vllm-<v>.jsonl`` (``--pooling``)."""
+    return f"runtime-{kind}-vllm-" if kind else "runtime-vllm-"
 
 
-def latest_rows(folder) -> tuple[str, dict[str, dict[str, Any]]] | None:
-    """(vLLM version, rows by model type) of the newest runtime cross-check in ``folder``, if any."""
+def latest_rows(folder, kind: str = "") -> tuple[str, dict[str, dict[str, Any]]] | None:
+    """(vLLM version, rows by model type) of the newest runtime cross-check of ``kind`` ("",
+    "vlm" or "pooling") in ``folder``, if any."""
     import json
     from pathlib import Path
 
+    prefix = rows_prefix(kind)
+
     def version_of(path: Path) -> tuple[int, ...]:
-        text = path.name[len("runtime-vllm-"):-len(".jsonl")]
+        text = path.name[len(prefix):-len(".jsonl")]
         return tuple(int(p) if p.isdigit() else 0 for p in text.split("."))
 
-    files = sorted((p for p in Path(folder).glob(RUNTIME_ROWS) if not p.name.endswith(".new.jsonl")), key=version_of)
+    files = sorted((p for p in Path(folder).glob(f"{prefix}*.jsonl") if not p.name.endswith(".new.jsonl")), key=version_of)
     if not files:
         return None
     rows: dict[str, dict[str, Any]] = {}
@@ -205,4 +221,4 @@ def latest_rows(folder) -> tuple[str, dict[str, dict[str, Any]]] | None:
         if line.strip():
             row = json.loads(line)
             rows[row["model_type"]] = row
-    return files[-1].name[len("runtime-vllm-"):-len(".jsonl")], rows
+    return files[-1].name[len(prefix):-len(".jsonl")], rows

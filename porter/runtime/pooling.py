@@ -1,0 +1,96 @@
+"""Run real vLLM's pooling runner on small encoder folders and record what it did next to
+hfcheck's prediction for the same folder.
+
+Runs inside vLLM's environment like ``batch`` (``python -m hfcheck.porter.runtime.pooling JOB``).
+For each encoder type (``pooling:<model_type>``): its default config cut like the analyzer's
+instance (head_dim 32 for the CPU kernels), built as its base model (``<X>Model``, which vLLM
+serves as ``TransformersEmbeddingModel``) with random float32 weights; hfcheck's scan of the
+folder; ``vllm.LLM(..., runner="pooling")`` embedding fixed token ids; and the embedding
+transformers computes for the same ids with vLLM's default pooling for the class (the first
+token, CLS, L2-normalised). The embeddings agree when their cosine is at least ``COSINE``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hfcheck.porter.runtime.batch import PROMPT, _first, build_folder, run_job, vllm_engine
+from hfcheck.porter.runtime.tiny_vlm import word_tokenizer
+
+COSINE = 0.9999
+CASES = ("pooling:bert", "pooling:roberta", "pooling:xlm-roberta", "pooling:electra", "pooling:albert", "pooling:modernbert")
+"""Encoders that vLLM's transformers backend serves (the BERT family), loads with a dropped layer
+(ELECTRA's embeddings_project, HFC910) and refuses (ALBERT's shared layers carry no layer_idx;
+ModernBERT's scale is an expression vLLM cannot read)."""
+
+
+def expected_embedding(model: Any, ids: list[int]) -> list[float]:
+    """CLS pooling, normalised: what vLLM's embedding pooler returns for the class by default."""
+    import torch
+
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([ids])).last_hidden_state[0, 0]
+    return torch.nn.functional.normalize(hidden, dim=-1).tolist()
+
+
+def run_case(key: str, work: Path) -> dict[str, Any]:
+    import torch
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.sweep.targets import POOLING, POOLING_PREFIX
+    from hfcheck.analyzer.vllm_release import installed_is_cpu_build
+    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+
+    model_type = key.removeprefix(POOLING_PREFIX)
+    folder = work / model_type
+    row: dict[str, Any] = {"model_type": key, "section": "pooling"}
+    t0 = time.perf_counter()
+    try:
+        model = build_folder(model_type, folder, POOLING)
+    except Exception as exc:  # noqa: BLE001 - a type whose small instance does not build is a row
+        row.update(status="no-instance", error=_first(exc))
+        return row
+    report = build_report(analyse(resolve(str(folder))))
+    want = predicted(report, cpu_build=installed_is_cpu_build())
+    row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
+    word_tokenizer().save_pretrained(folder)  # vLLM's pooling runner wants a tokenizer even for token-id prompts
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = [t % vocab for t in PROMPT]
+    log_path = work / f"{model_type}.log"
+    embedding = None
+    try:
+        from vllm.inputs import TokensPrompt
+
+        with vllm_engine(log_path, model=str(folder), runner="pooling", max_model_len=64) as engine:
+            (out,) = engine.embed([TokensPrompt(prompt_token_ids=ids)])
+            embedding = list(out.outputs.embedding)
+        row["status"] = "loaded"
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        row["status"] = "refused"
+        text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+        row["error"] = load_error(text) or _first(exc)
+    got = parse(log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else "")
+    row["decisions"] = got.to_dict()
+    if embedding is not None:
+        row["differences"] = differences(got, want)
+        expected = torch.tensor(expected_embedding(model, ids))
+        cosine = float(torch.nn.functional.cosine_similarity(torch.tensor(embedding), expected, dim=0))
+        row.update(cosine=round(cosine, 6), dims=len(embedding), tokens_match=cosine >= COSINE)
+        if cosine < COSINE:
+            row["wrong_output"] = f"embedding cosine {cosine:.4f} to transformers'"
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def main() -> None:
+    run_job(run_case, {"section": "pooling"})
+
+
+if __name__ == "__main__":
+    main()
