@@ -102,6 +102,30 @@ def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
     raise RuntimeError("; ".join(errors))
 
 
+def _log_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+
+def attempt(row: dict[str, Any], log_path: Path, run: Callable[[], Any]) -> tuple[Any, Any]:
+    """Run vLLM (``run()``, logging into ``log_path``) and record in ``row`` what happened: status
+    ``loaded`` or ``refused`` with the error its log names, and the decisions it logged. Returns
+    (what ``run`` returned or None, the parsed decisions)."""
+    from hfcheck.porter.runtime.decisions import load_error, parse
+
+    result = None
+    try:
+        result = run()
+        row["status"] = "loaded"
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        row["status"] = "refused"
+        row["error"] = load_error(_log_text(log_path)) or _first(exc)
+    got = parse(_log_text(log_path))
+    row["decisions"] = got.to_dict()
+    return result, got
+
+
 @contextlib.contextmanager
 def vllm_engine(log_path: Path, **llm: Any):
     """Real vLLM on a folder (transformers backend, float32, eager; its log, engine processes
@@ -136,7 +160,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     from hfcheck.analyzer.report import build_report
     from hfcheck.analyzer.sources import resolve
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+    from hfcheck.porter.runtime.decisions import differences, predicted
 
     row: dict[str, Any] = {"model_type": model_type}
     folder = work / model_type
@@ -150,12 +174,13 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
     log_path = work / f"{model_type}.log"
-    tokens = None
-    try:
+    ids: list[int] = []
+
+    def run() -> list[int]:  # all of it inside the attempt: any failure here is the model's row
         from vllm.inputs import TokensPrompt
 
         vocab = model.get_input_embeddings().num_embeddings
-        ids = [t % vocab for t in PROMPT]
+        ids.extend(t % vocab for t in PROMPT)
         length = 64
         text = model.config.get_text_config()
         for key in ("max_position_embeddings", "n_positions"):
@@ -163,18 +188,11 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
                 length = min(length, getattr(text, key))
         (tokens,) = generate_in_vllm(log_path, [TokensPrompt(prompt_token_ids=ids)], TOKENS, model=str(folder), max_model_len=length,
                                      skip_tokenizer_init=True)
-        row["status"] = "loaded"
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        row["status"] = "refused"
-        log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-        row["error"] = load_error(log_text) or _first(exc)
-        if NO_PROCESSOR.search(row["error"]):
-            row["status"] = "no-processor"  # the folder's fault, not a decision of vLLM's about the model
-    log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-    got = parse(log_text)
-    row["decisions"] = got.to_dict()
+        return tokens
+
+    tokens, got = attempt(row, log_path, run)
+    if row["status"] == "refused" and NO_PROCESSOR.search(row["error"]):
+        row["status"] = "no-processor"  # the folder's fault, not a decision of vLLM's about the model
     if tokens is not None:
         row["differences"] = differences(got, want)
         with torch.no_grad():

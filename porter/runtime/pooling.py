@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import PROMPT, _first, build_folder, run_job, vllm_engine
+from hfcheck.porter.runtime.batch import PROMPT, _first, attempt, build_folder, run_job, vllm_engine
 from hfcheck.porter.runtime.tiny_vlm import word_tokenizer
 
 COSINE = 0.9999
@@ -43,7 +43,7 @@ def run_case(key: str, work: Path) -> dict[str, Any]:
     from hfcheck.analyzer.sources import resolve
     from hfcheck.analyzer.sweep.targets import POOLING, POOLING_PREFIX
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+    from hfcheck.porter.runtime.decisions import differences, predicted
 
     model_type = key.removeprefix(POOLING_PREFIX)
     folder = work / model_type
@@ -61,22 +61,15 @@ def run_case(key: str, work: Path) -> dict[str, Any]:
     vocab = model.get_input_embeddings().num_embeddings
     ids = [t % vocab for t in PROMPT]
     log_path = work / f"{model_type}.log"
-    embedding = None
-    try:
+
+    def run() -> list[float]:
         from vllm.inputs import TokensPrompt
 
         with vllm_engine(log_path, model=str(folder), runner="pooling", max_model_len=64) as engine:
             (out,) = engine.embed([TokensPrompt(prompt_token_ids=ids)])
-            embedding = list(out.outputs.embedding)
-        row["status"] = "loaded"
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        row["status"] = "refused"
-        text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-        row["error"] = load_error(text) or _first(exc)
-    got = parse(log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else "")
-    row["decisions"] = got.to_dict()
+            return list(out.outputs.embedding)
+
+    embedding, got = attempt(row, log_path, run)
     if embedding is not None:
         row["differences"] = differences(got, want)
         expected = torch.tensor(expected_embedding(model, ids))

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import _first, generate_in_vllm, run_job
+from hfcheck.porter.runtime.batch import attempt, generate_in_vllm, run_job
 from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
 
 TOKENS = 6
@@ -44,7 +44,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
     from hfcheck.analyzer.report import build_report
     from hfcheck.analyzer.sources import resolve
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+    from hfcheck.porter.runtime.decisions import differences, predicted
 
     model_type, vision = CASES[name]
     folder = work / name.replace("+", "-")
@@ -56,20 +56,13 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
     prompts = {"image": f"{placeholder} {PROMPT_WORDS}", "text": f"{PROMPT_WORDS} b"}
     log_path = work / f"{folder.name}.log"
-    tokens = None
-    try:
+
+    def run() -> dict[str, list[int]]:
         image, text = generate_in_vllm(log_path, [{"prompt": prompts["image"], "multi_modal_data": {"image": _image()}}, {"prompt": prompts["text"]}],
                                        TOKENS, model=str(folder), max_model_len=128, limit_mm_per_prompt={"image": 1})
-        tokens = {"image": image, "text": text}
-        row["status"] = "loaded"
-    except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        row["status"] = "refused"
-        text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-        row["error"] = load_error(text) or _first(exc)
-    got = parse(log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else "")
-    row["decisions"] = got.to_dict()
+        return {"image": image, "text": text}
+
+    tokens, got = attempt(row, log_path, run)
     if tokens is not None:
         row["differences"] = differences(got, want)
         processor = AutoProcessor.from_pretrained(folder)
