@@ -96,7 +96,8 @@ def test_processor_built_offline_and_called_like_vllm(tiny_llava):
     r = scan(tiny_llava)
     p = r["processor"]
     assert p["processor_class"] == "LlavaProcessor" and p["built"] and p["modalities"] == ["image"]
-    assert p["probe"] == {"num_image_tokens": [4], "offsets": 1}
+    assert p["probe"] == {"num_image_tokens": [4], "offsets": 1, "image_rows": [1, 1],
+                          "embed_token": {"id": 4, "token": "<image>", "count": 4, "features_id": 4, "features_token": "<image>"}}
     assert "builds from the folder offline" in check(r, "HFC902")[0]["message"]
     assert check(r, "HFC904")[0]["status"] == check(r, "HFC905")[0]["status"] == "pass"
     assert r["verdict"] == "native-speed"
@@ -171,3 +172,49 @@ def test_remote_vlm_with_layer_count_in_llm_config_gets_an_analysis():
     r = scan(folder)
     # remote code, not executed: undecided rather than an error
     assert r["model"]["model_type"] == "internvl_chat" and r["verdict"] == "inconclusive"
+
+
+@pytest.fixture(scope="module")
+def tiny_idefics3(tmp_path_factory) -> Path:
+    from hfcheck.porter.runtime.tiny_vlm import write_idefics3
+
+    folder = tmp_path_factory.mktemp("tiny-idefics3")
+    write_idefics3(folder)
+    return folder
+
+
+def test_idefics3_rows_and_embedding_token_as_vllm_reads_them(tiny_idefics3):
+    # SmolVLM's shape with tiles: 5 rows of image data, 5 counted; <image> is the most frequent
+    # token of the replacement, the one vLLM fills (both measured served by vLLM's CPU build)
+    r = scan(tiny_idefics3)
+    assert r["processor"]["probe"]["image_rows"] == [5, 5]
+    assert r["processor"]["probe"]["embed_token"]["token"] == "<image>"
+    assert check(r, "HFC905")[0]["status"] == check(r, "HFC909")[0]["status"] == "pass"
+
+
+def test_processor_counting_no_rows_fails(tiny_idefics3, tmp_path):
+    # do_image_splitting off: transformers' Idefics3Processor counts 0 image rows for the 1 it returns;
+    # vLLM: "returned 1 row(s) of image data for 1 image(s), which cannot be split into the [0] row(s)"
+    import shutil
+
+    folder = tmp_path / "no-splitting"
+    shutil.copytree(tiny_idefics3, folder)
+    config = json.loads((folder / "processor_config.json").read_text())
+    config["image_processor"]["do_image_splitting"] = False
+    (folder / "processor_config.json").write_text(json.dumps(config))
+    (finding,) = check(scan(folder), "HFC909")
+    assert finding["status"] == "fail" and "1 row(s) of image data for one image but counts 0" in finding["message"]
+
+
+def test_wrapper_tokens_outnumbering_features_fail(tiny_idefics3, tmp_path):
+    # one feature token a tile: each replacement holds more <fake_token_around_image> than <image>,
+    # and vLLM takes the most frequent token as the one holding the embeddings
+    import shutil
+
+    folder = tmp_path / "one-token-a-tile"
+    shutil.copytree(tiny_idefics3, folder)
+    config = json.loads((folder / "processor_config.json").read_text())
+    config["image_seq_len"] = 1
+    (folder / "processor_config.json").write_text(json.dumps(config))
+    (finding,) = check(scan(folder), "HFC905")
+    assert finding["status"] == "fail" and "<fake_token_around_image>" in finding["message"] and "model puts them at <image>" in finding["message"]

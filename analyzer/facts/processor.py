@@ -103,7 +103,7 @@ def collect_processor_facts(files: ProcessorFiles, model_config: dict[str, Any],
     else:
         _inspect_class(facts, name)
         if build and files.folder:
-            _build_and_probe(facts, files.folder)
+            _build_and_probe(facts, files.folder, model_config)
     return facts
 
 
@@ -197,7 +197,51 @@ def _read_class(facts: ProcessorFacts, node: ast.ClassDef, path: str) -> None:
         facts.call_reaches_replacements = True if facts.is_processor_mixin else None
 
 
-def _build_and_probe(facts: ProcessorFacts, folder: str) -> None:
+PROBE_SIDE = 224
+"""The probe image's side: vLLM's smallest dummy side (``_MIN_DUMMY_SIDE``)."""
+
+
+def image_rows(outputs: Any, counts: Any) -> tuple[int, int] | None:
+    """(rows of image data the processor returned, rows vLLM expects from its per-image counts)
+    for one image, as ``MultiModalProcessor._get_num_image_patches`` reads them: ``image_grid_thw``
+    products, else ``num_image_patches`` from the token counts, else one row; the rows of
+    ``pixel_values`` (or ``image_patches``) on the dimension that holds them. None: no tensor."""
+    import torch
+
+    grid = outputs.get("image_grid_thw")
+    if grid is not None:
+        expected = int(grid.prod(-1).sum())
+    else:
+        patches = getattr(counts, "num_image_patches", None) if counts is not None else None
+        expected = int(sum(patches)) if patches else 1
+    data = outputs.get("pixel_values", outputs.get("image_patches"))
+    if not isinstance(data, torch.Tensor):
+        return None
+    dim = 1 if data.ndim >= 2 and data.shape[0] != expected and data.shape[1] == expected else 0
+    return int(data.shape[dim]), expected
+
+
+def embed_token(processor: Any, replacement: str, model_config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``_get_embed_token_id``: the most frequent token of an item's encoded replacement
+    (the smallest id on a tie, as ``torch.mode``) is the one its embeddings go to. Beside it the
+    token the model fills with image features (config.json's ``image_token_id`` /
+    ``image_token_index``), where the processor's tokenizer knows that id."""
+    from collections import Counter
+
+    tokenizer = processor.tokenizer
+    counts = Counter(tokenizer.encode(replacement, add_special_tokens=False))
+    if not counts:
+        return {}
+    top = max(counts, key=lambda i: (counts[i], -i))
+    out: dict[str, Any] = {"id": top, "token": tokenizer.convert_ids_to_tokens(top), "count": counts[top]}
+    features = next((model_config[k] for k in ("image_token_id", "image_token_index")
+                     if isinstance(model_config.get(k), int) and not isinstance(model_config.get(k), bool)), None)
+    if features is not None and 0 <= features < len(tokenizer):
+        out.update(features_id=features, features_token=tokenizer.convert_ids_to_tokens(features))
+    return out
+
+
+def _build_and_probe(facts: ProcessorFacts, folder: str, model_config: dict[str, Any]) -> None:
     """Build the processor from the folder as vLLM does (AutoProcessor, offline, no remote code),
     then ask it what vLLM asks: the token count of one image, and a real call on a blank image
     with its placeholder, for the text replacement offsets."""
@@ -219,8 +263,10 @@ def _build_and_probe(facts: ProcessorFacts, folder: str) -> None:
     if "image" not in facts.modalities:
         return
     probe: dict[str, Any] = {}
+    side = PROBE_SIDE
+    counts = None
     try:
-        counts = processor._get_num_multimodal_tokens(image_sizes=[[224, 224]])
+        counts = processor._get_num_multimodal_tokens(image_sizes=[[side, side]])
         probe["num_image_tokens"] = list(counts["num_image_tokens"])
     except Exception as exc:  # noqa: BLE001 - what vLLM's get_max_image_tokens would raise
         probe["count_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -229,9 +275,15 @@ def _build_and_probe(facts: ProcessorFacts, folder: str) -> None:
         from PIL import Image
 
         try:
-            out = processor(text=f"a {token} b", images=[Image.new("RGB", (224, 224))], return_text_replacement_offsets=True)
+            out = processor(text=f"a {token} b", images=[Image.new("RGB", (side, side))], return_text_replacement_offsets=True,
+                            return_tensors="pt")
             offsets = out.get("text_replacement_offsets")
             probe["offsets"] = len(offsets[0]) if offsets is not None and len(offsets) else 0
+            if probe["offsets"]:
+                probe["embed_token"] = embed_token(processor, offsets[0][0]["replacement"], model_config)
+            rows = image_rows(out, counts)
+            if rows is not None:
+                probe["image_rows"] = list(rows)
         except Exception as exc:  # noqa: BLE001 - what vLLM's _apply_hf_processor_main would raise
             probe["call_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     facts.probe = probe

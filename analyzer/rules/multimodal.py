@@ -199,7 +199,8 @@ class ReplacementOffsets(ProcessorRule):
         "vLLM 0.33 `MultiModalProcessor._apply_hf_processor_main` calls the processor with `return_text_replacement_offsets=True` "
         "and locates every item's placeholder from the offsets; without them: '<Processor> returned no text replacement "
         "offsets, so the Transformers modeling backend cannot locate the placeholder of each item', at the profiling run "
-        "at start. ProcessorMixin's own `replace_image_token` raises NotImplementedError."
+        "at start. ProcessorMixin's own `replace_image_token` raises NotImplementedError. Of each replacement, vLLM takes the "
+        "most frequent token (`_get_embed_token_id`) as the one holding the item's embeddings."
     )
     example = "LlavaProcessor (ProcessorMixin.__call__ + replace_image_token): offsets; MiniCPM-V-2's own __call__: none"
     fix = "Drop the custom `__call__` (or end it in `super().__call__`) and implement `replace_image_token(self, image_inputs, image_idx)` returning the expanded placeholder text."
@@ -208,6 +209,14 @@ class ReplacementOffsets(ProcessorRule):
         if p is None or not p.modalities:
             return []
         if "offsets" in p.probe:
+            embed = p.probe.get("embed_token") or {}
+            if embed.get("features_id") is not None and embed["id"] != embed["features_id"]:
+                return [self.failed(
+                    f"of {p.processor_class}'s replacement for one image, vLLM takes {embed['token']} (most frequent, {embed['count']} "
+                    f"times) as the token holding the image's embeddings, but the model puts them at {embed['features_token']}: "
+                    "'Attempted to assign N multimodal tokens to M placeholders'",
+                    "Give each image more feature tokens than wrapper tokens (a larger image_seq_len / tower resolution).",
+                )]
             if p.probe["offsets"]:
                 return [self.passed(f"{p.processor_class} returned a replacement offset for a real image (built and called)")]
             return [self.failed(f"{p.processor_class} returned no text replacement offsets for a real image (built and called)")]
@@ -223,6 +232,30 @@ class ReplacementOffsets(ProcessorRule):
         if p.call_reaches_replacements is None:
             return [self.inconclusive(f"{p.processor_class}.__call__ could not be read")]
         return [self.passed(f"{p.processor_class} reports replacement offsets ({', '.join(f'replace_{m}_token' for m in p.replaces)})")]
+
+
+class ImageRowsPerItem(ProcessorRule):
+    code = "HFC909"
+    name = "processor-image-rows"
+    impact = "blocker"
+    what = "The rows of image data the processor returns for an image equal the rows its own counts give for it."
+    why = (
+        "vLLM 0.33 `MultiModalProcessor._get_num_image_patches` splits the image fields per item by `image_grid_thw` or by "
+        "`_get_num_multimodal_tokens(...)['num_image_patches']` and checks the data it slices: '<Processor> returned N row(s) of "
+        "image data for 1 image(s), which cannot be split into the [M] row(s) per image derived from its outputs' at the "
+        "profiling run (measured on vLLM's CPU build 0.32 with Idefics3's processor and do_image_splitting off: 1 row, 0 counted)."
+    )
+    example = "Idefics3Processor with do_image_splitting: false counts 0 patches for the one image it returns"
+    fix = "Make `_get_num_multimodal_tokens` report `num_image_patches` as the processor's own image rows (or keep the processor settings it counts for)."
+
+    def judge(self, analysis, p) -> list[Finding]:
+        if p is None or "image_rows" not in p.probe:
+            return []
+        rows, expected = p.probe["image_rows"]
+        if rows != expected:
+            return [self.failed(f"{p.processor_class} returned {rows} row(s) of image data for one image but counts {expected}: "
+                                "vLLM cannot attribute the rows to the image and fails at start")]
+        return [self.passed(f"{p.processor_class}: {rows} row(s) of image data per image, as it counts them")]
 
 
 def uses_mrope(text_config: Any) -> bool:
@@ -308,6 +341,7 @@ MULTIMODAL_RULES: tuple[type[Rule], ...] = (
     ProcessorModalities,
     ProcessorTokenCounts,
     ReplacementOffsets,
+    ImageRowsPerItem,
     MRoPEAudio,
     MultiheadAttentionModule,
     EncoderClasses,

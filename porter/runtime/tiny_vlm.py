@@ -121,5 +121,38 @@ def write_gemma3(folder: Path, seed: int = 0, **vision: Any) -> str:
     return processor.boi_token
 
 
-BUILDERS: dict[str, Callable[..., str]] = {"llava": write_llava, "gemma3": write_gemma3}
+def write_idefics3(folder: Path, seed: int = 0, do_image_splitting: bool = True, **vision: Any) -> str:
+    """SmolVLM's shape (Idefics3): a SigLIP-style tower, pixel-shuffle connector, Llama language
+    model under ``text_model``; images split into tiles of the tower's size plus a global one, as
+    published, or (``do_image_splitting=False``) one global image, for which transformers'
+    Idefics3Processor counts no image rows (HFC909)."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+    )
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    extra = ("<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>")
+    tokenizer = word_tokenizer(extra=extra)
+    tile, scale = 2 * IMAGE_SIDE, 2  # 4 feature tokens a tile: more than the tile's wrapper tokens, as vLLM needs (HFC905)
+    seq_len = (tile // PATCH) ** 2 // scale**2
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(do_image_splitting=do_image_splitting, size={"longest_edge": 2 * tile},
+                                                  max_image_size={"longest_edge": tile}),
+        tokenizer=tokenizer, image_seq_len=seq_len,
+    )
+    config = Idefics3Config(
+        vision_config=Idefics3VisionConfig(**{**_vision_sizes(), "image_size": tile, **vision}),
+        text_config=LlamaConfig(**_text_sizes(len(tokenizer))), scale_factor=scale,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+    )
+    config.architectures = ["Idefics3ForConditionalGeneration"]
+    _save(Idefics3ForConditionalGeneration, config, processor, folder, seed)
+    return "<image>"
+
+
+BUILDERS: dict[str, Callable[..., str]] = {"llava": write_llava, "gemma3": write_gemma3, "idefics3": write_idefics3}
 """Model type -> builder (``folder, seed, **vision_config overrides`` -> the image placeholder text)."""

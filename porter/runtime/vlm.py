@@ -25,9 +25,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llava": ("llava", {}),
     "gemma3": ("gemma3", {}),
     "gemma3+vision_use_head": ("gemma3", {"vision_use_head": True}),
+    "idefics3": ("idefics3", {}),
+    "idefics3-no-splitting": ("idefics3", {"do_image_splitting": False}),
 }
-"""Case name -> (model type, vision-config overrides). The last one keeps SigLIP's pooling head,
-an nn.MultiheadAttention (HFC907)."""
+"""Case name -> (model type, builder arguments: vision-config overrides, or the builder's own).
+``gemma3+vision_use_head`` keeps SigLIP's pooling head, an nn.MultiheadAttention (HFC907);
+``idefics3-no-splitting`` a processor whose counts miss its image rows (HFC909)."""
 
 
 def _image():
