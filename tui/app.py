@@ -406,7 +406,9 @@ class Dashboard(App[int]):
         try:
             text = R.json_text(shown) if fmt == "json" else R.markdown(shown, scope=R.describe_view(self.verdict_filter, self._filter_text(), self.sort_column, self.sort_reverse))
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            partial = path.with_name(f".{path.name}.partial")  # whole or not at all: a reader never sees half a file
+            partial.write_text(text, encoding="utf-8")
+            partial.replace(path)
         except OSError as exc:
             self.notify(f"Cannot write {path}: {exc.strerror or exc}", severity="error")
             return None
