@@ -81,16 +81,12 @@ def causal_lm_types() -> list[Target]:
     return [Target(key=t, model_type=t) for t in sorted(causal_lm_mapping())]
 
 
-def type_target(key: str, model_type: str, section: str) -> Target:
-    return Target(key=key, model_type=model_type, section=section)
-
-
 def atlas_types() -> list[Target]:
     """Every model type of the three atlas sections, each section sorted."""
     return (
         causal_lm_types()
-        + [type_target(t, t, VLM) for t in sorted(image_text_to_text_mapping())]
-        + [type_target(POOLING_PREFIX + t, t, POOLING) for t in sorted(pooling_mapping())]
+        + [Target(key=t, model_type=t, section=VLM) for t in sorted(image_text_to_text_mapping())]
+        + [Target(key=POOLING_PREFIX + t, model_type=t, section=POOLING) for t in sorted(pooling_mapping())]
     )
 
 
@@ -109,7 +105,7 @@ def parse_refs(refs: list[str]) -> list[Target]:
             if not model_type:
                 raise TargetError(f"{ref!r}: empty model type after {prefix!r}")
             if prefix == POOLING_PREFIX:
-                out.append(type_target(POOLING_PREFIX + model_type, model_type, POOLING))
+                out.append(Target(key=POOLING_PREFIX + model_type, model_type=model_type, section=POOLING))
             else:
                 out.append(Target(key=model_type, model_type=model_type))
         else:
