@@ -40,6 +40,8 @@ def add_parser(subparsers) -> None:
     serve.add_argument("--format", choices=("text", "json"), default="text")
     serve.add_argument("--prompt", default=None, help="prompt of the completion (default: 'the')")
     serve.add_argument("--max-tokens", type=int, default=8)
+    serve.add_argument("--image", default=None, metavar="FILE",
+                       help="a multimodal folder: the image sent beside the prompt (default: a generated 64x64 image)")
     serve.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
                        help="auto/vllm: vLLM with --model-impl transformers (the installed vLLM on a GPU, else vLLM's CPU build, set up once); "
                             "transformers: `transformers serve` (not vLLM)")
@@ -104,7 +106,7 @@ def _serve(args) -> int:
     log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
     try:
         result = smoke_serve(args.dir, prompt=args.prompt or DEFAULT_PROMPT, max_tokens=args.max_tokens, backend=args.backend,
-                             startup_timeout=args.timeout, log=log, tp2={"auto": None, "yes": True, "no": False}[args.tp2])
+                             startup_timeout=args.timeout, log=log, tp2={"auto": None, "yes": True, "no": False}[args.tp2], image=args.image)
     except ServeError as exc:
         return _fail(str(exc))
     if args.format == "json":

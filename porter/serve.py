@@ -66,6 +66,8 @@ class ServeResult:
     predicted: dict[str, Any] | None = None  # hfcheck's prediction in the same shape
     differences: list[str] = field(default_factory=list)
     tp2: dict[str, Any] | None = None
+    image: str | None = None  # a multimodal folder: the image sent beside the prompt (serve_image)
+    requests: list[dict[str, Any]] | None = None  # then per request (image+text, text): prompt and token ids of both sides
     seconds: dict[str, float] = field(default_factory=dict)
     log_tail: str = ""
 
@@ -212,13 +214,13 @@ def has_tokenizer(model_dir: str) -> bool:
     return any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "qwen.tiktoken"))
 
 
-def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: str, body: dict, startup_timeout: float, request_timeout: float,
-                       log, result: ServeResult, label: str) -> tuple[dict | None, str, bool, int | None]:
-    """Start the server, wait for health, send ``body``, stop it. (response, log text,
-    stopped, pid); errors land in ``result.error``."""
+def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: str, requests: list[tuple[str, dict]], startup_timeout: float,
+                       request_timeout: float, log, result: ServeResult, label: str) -> tuple[list[dict] | None, str, bool, int | None]:
+    """Start the server, wait for health, send each (path, body) of ``requests``, stop it.
+    (the responses, or None when any failed; log text, stopped, pid); errors land in ``result.error``."""
     log_path = work / f"server-{label}.log"
     proc = None
-    response = None
+    responses: list[dict] | None = None
     stopped = False
     try:
         if log:
@@ -241,12 +243,16 @@ def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: st
             time.sleep(0.25)
         result.seconds[f"startup{label}"] = round(time.monotonic() - t0, 2)
         if log:
-            log(f"healthy after {result.seconds[f'startup{label}']} s; requesting {body['max_tokens']} greedy tokens")
+            log(f"healthy after {result.seconds[f'startup{label}']} s; requesting {requests[0][1]['max_tokens']} greedy tokens"
+                + (f" ({len(requests)} requests)" if len(requests) > 1 else ""))
         t0 = time.monotonic()
-        try:
-            response = _post(f"{base}/v1/completions", body, request_timeout)
-        except urllib.error.HTTPError as exc:
-            raise ServeError(f"the completion request failed: HTTP {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
+        answers = []
+        for path, body in requests:
+            try:
+                answers.append(_post(f"{base}{path}", body, request_timeout))
+            except urllib.error.HTTPError as exc:
+                raise ServeError(f"the request to {path} failed: HTTP {exc.code} {exc.read()[:300].decode('utf-8', 'replace')}") from None
+        responses = answers
         result.seconds[f"request{label}"] = round(time.monotonic() - t0, 2)
     except ServeError as exc:
         result.error = result.error or str(exc)
@@ -256,15 +262,17 @@ def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: st
         if proc is not None:
             stopped = _stop(proc)
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-    return response, text, stopped, proc.pid if proc is not None else None
+    return responses, text, stopped, proc.pid if proc is not None else None
 
 
 def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, max_tokens: int = 8, backend: str = "auto",
                 startup_timeout: float = 600.0, request_timeout: float = 180.0, port: int | None = None, log=None,
-                tp2: bool | None = None) -> ServeResult:
+                tp2: bool | None = None, image: str | None = None) -> ServeResult:
     """Start a server on ``model_dir``, send one greedy completion, stop the server, compare
     with transformers' greedy ``generate`` and (vLLM) vLLM's decisions with hfcheck's
-    prediction. ``log`` (optional) receives one-line progress."""
+    prediction. A multimodal folder (vLLM) gets a chat request with an image (the file
+    ``image``, else a generated one) and one with the prompt alone (``serve_image``). ``log``
+    (optional) receives one-line progress."""
     t_start = time.monotonic()
     model_dir = str(Path(model_dir).expanduser().resolve())
     config_path = Path(model_dir) / "config.json"
@@ -276,6 +284,14 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
         raise ServeError(f"{config_path}: not JSON ({exc})") from None
     if not isinstance(config, dict):
         raise ServeError(f"{config_path}: not a JSON object")
+    png = None
+    if image is not None:
+        from hfcheck.porter.serve_image import ImageError, image_png
+
+        try:
+            png = image_png(image)
+        except ImageError as exc:
+            raise ServeError(str(exc)) from None
     remote = bool(config.get("auto_map"))
     from hfcheck.porter.port.served import tokenizer_needs_remote_code
 
@@ -284,7 +300,8 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
     if note and log:
         log(note)
     if name != "transformers":
-        return _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start)
+        return _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
+                           png, image)
     import transformers
 
     missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
@@ -298,10 +315,12 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", CUDA_VISIBLE_DEVICES="")
     body = {"model": model_dir, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    response, text, result.server_stopped, result.server_pid = _start_and_request(cmd, env, work, f"http://127.0.0.1:{port}", body,
-                                                                                   startup_timeout, request_timeout, log, result, "")
+    responses, text, result.server_stopped, result.server_pid = _start_and_request(cmd, env, work, f"http://127.0.0.1:{port}",
+                                                                                    [("/v1/completions", body)], startup_timeout, request_timeout,
+                                                                                    log, result, "")
     result.log_tail = text[-3000:]
-    if response is not None:
+    if responses is not None:
+        (response,) = responses
         choice = (response.get("choices") or [{}])[0]
         result.server_text = choice.get("text")
         result.server_completion_tokens = (response.get("usage") or {}).get("completion_tokens")
@@ -340,58 +359,97 @@ def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
     return build_report(analyse(resolve(model_dir), trust_remote_code=trust))
 
 
-def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start) -> ServeResult:
+def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
+                png: bytes | None = None, image: str | None = None) -> ServeResult:
+    from hfcheck.porter import serve_image
     from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
 
     tokenizer = has_tokenizer(model_dir)
     result = ServeResult(False, name, note, [], prompt, max_tokens, vllm_version=runtime.version)
-    t0 = time.monotonic()
-    ref = reference_generate(model_dir, prompt, max_tokens, trust, "", prompt_ids=None if tokenizer else _fallback_ids(config),
-                             fallback_ids=_fallback_ids(config))
-    result.seconds["reference"] = round(time.monotonic() - t0, 2)
-    if ref.get("error"):
-        raise ServeError(f"transformers' reference generation failed: {ref['error']}")
-    if ref.get("tokenizer_error"):
-        tokenizer = False
-        if log:
-            log(f"the tokenizer does not load ({ref['tokenizer_error']}): sending token ids, the server without a tokenizer")
-    result.prompt_token_ids = ref["prompt_ids"]
-    result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
     report = _prediction(model_dir, trust)
     want = predicted(report, cpu_build=runtime.kind == "cpu")
     result.predicted = want.to_dict()
+    with_image = serve_image.serves_images(report)
+    t0 = time.monotonic()
+    if with_image:
+        png = png or serve_image.image_png()
+        result.image = image or f"a generated {serve_image.SIDE}x{serve_image.SIDE} PNG"
+        ref = reference_generate(model_dir, prompt, max_tokens, trust, "", image_png=png)
+    else:
+        ref = reference_generate(model_dir, prompt, max_tokens, trust, "", prompt_ids=None if tokenizer else _fallback_ids(config),
+                                 fallback_ids=_fallback_ids(config))
+    result.seconds["reference"] = round(time.monotonic() - t0, 2)
+    if ref.get("error"):
+        raise ServeError(f"transformers' reference generation failed: {ref['error']}")
     work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
-    body = {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    extra: list[str] = []
+    if with_image:
+        first = ref["requests"][0]
+        result.prompt_token_ids, result.reference_token_ids = first["prompt_ids"], first["token_ids"]
+        requests = serve_image.chat_bodies(SERVED_NAME, prompt, png, max_tokens)
+        extra = ["--limit-mm-per-prompt", json.dumps({"image": 1})]
+        if ref.get("template"):  # the folder has no chat template: the one the reference rendered
+            (work / "chat_template.jinja").write_text(ref["template"], encoding="utf-8")
+            extra += ["--chat-template", str(work / "chat_template.jinja")]
+        longest = max(len(r["prompt_ids"]) for r in ref["requests"]) + max_tokens
+        context = _context(config, max(256, -(-(longest + 32) // 256) * 256))
+    else:
+        if ref.get("tokenizer_error"):
+            tokenizer = False
+            if log:
+                log(f"the tokenizer does not load ({ref['tokenizer_error']}): sending token ids, the server without a tokenizer")
+        result.prompt_token_ids = ref["prompt_ids"]
+        result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
+        requests = [("/v1/completions", {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0,
+                                         "ignore_eos": True, "return_token_ids": True})]
+        context = _context(config)
 
-    def one(tp: int, label: str) -> tuple[dict | None, str, bool, int | None]:
+    def one(tp: int, label: str) -> tuple[list[dict] | None, str, bool, int | None]:
         p = port or _free_port()
-        cmd = server_command(model_dir, name, p, trust, True, python=str(runtime.python), tp=tp, tokenizer=tokenizer, max_len=_context(config))
+        cmd = server_command(model_dir, name, p, trust, True, python=str(runtime.python), tp=tp, tokenizer=tokenizer or with_image,
+                             max_len=context) + extra
         if tp == 1:
             result.command = cmd
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1", NO_PROXY="127.0.0.1,localhost",
                    no_proxy="127.0.0.1,localhost", **runtime.env(tp))
         if runtime.kind == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        return _start_and_request(cmd, env, work, f"http://127.0.0.1:{p}", body, startup_timeout, request_timeout, log, result, label)
+        return _start_and_request(cmd, env, work, f"http://127.0.0.1:{p}", requests, startup_timeout, request_timeout, log, result, label)
 
-    response, text, result.server_stopped, result.server_pid = one(1, "")
+    def tokens_of(responses: list[dict]) -> tuple[list[int] | None, bool, list[dict] | None]:
+        """(the first request's generated ids, every request matches transformers', per-request rows)."""
+        if with_image:
+            rows = serve_image.compare(ref["requests"], responses)
+            return rows[0]["server_token_ids"], all(r["tokens_match"] for r in rows), rows
+        ids = ((responses[0].get("choices") or [{}])[0]).get("token_ids")
+        return ids, ids is not None and list(ids) == list(result.reference_token_ids), None
+
+    responses, text, result.server_stopped, result.server_pid = one(1, "")
     result.log_tail = text[-3000:]
     got = parse(text)
     result.decisions = got.to_dict()
-    if response is None:
+    if responses is None:
         why = load_error(text)
         if why:
             result.error = f"vLLM did not serve it: {why}"
         return _finish(result, work, t_start)
     result.differences = differences(got, want)
-    choice = (response.get("choices") or [{}])[0]
-    result.server_token_ids = choice.get("token_ids")
-    result.server_text = choice.get("text")
-    result.server_completion_tokens = (response.get("usage") or {}).get("completion_tokens")
-    result.compared = "token ids (the prompt sent as token ids, the server returning its token ids)"
-    result.tokens_match = list(result.server_token_ids or []) == list(result.reference_token_ids)
-    if not result.tokens_match:
-        result.error = f"vLLM's greedy tokens {result.server_token_ids} differ from transformers' generate {result.reference_token_ids}"
+    choice = (responses[0].get("choices") or [{}])[0]
+    result.server_text = (choice.get("message") or {}).get("content") if with_image else choice.get("text")
+    result.server_completion_tokens = (responses[0].get("usage") or {}).get("completion_tokens")
+    result.server_token_ids, result.tokens_match, result.requests = tokens_of(responses)
+    if with_image:
+        result.compared = ("prompt and generated token ids of a chat request with the image and of one with the prompt alone, "
+                           "against the folder's processor and generate on the same messages")
+        if not result.tokens_match:
+            bad = next(r for r in result.requests if not r["tokens_match"])
+            result.error = (f"{bad['kind']}: vLLM's prompt ids differ from the processor's ({len(bad['server_prompt_ids'] or [])} vs "
+                            f"{len(bad['reference_prompt_ids'])} tokens)" if not bad["prompts_match"] else
+                            f"{bad['kind']}: vLLM's greedy tokens {bad['server_token_ids']} differ from transformers' generate {bad['reference_token_ids']}")
+    else:
+        result.compared = "token ids (the prompt sent as token ids, the server returning its token ids)"
+        if not result.tokens_match:
+            result.error = f"vLLM's greedy tokens {result.server_token_ids} differ from transformers' generate {result.reference_token_ids}"
     tp_ok = (report.get("parallel", {}).get("tp", {}).get("sizes", {}) or {}).get("2")
     if tp2 is None:
         tp2 = bool(tp_ok) and (os.cpu_count() or 1) >= 2 and result.error is None
@@ -399,11 +457,10 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
         if log:
             log("again at tensor-parallel size 2")
         saved_error, result.error = result.error, None
-        response2, text2, stopped2, pid2 = one(2, "-tp2")
-        tokens2 = ((response2 or {}).get("choices") or [{}])[0].get("token_ids") if response2 else None
-        ok2 = tokens2 is not None and list(tokens2) == list(result.reference_token_ids) and stopped2
-        result.tp2 = {"ok": ok2, "predicted_loads": bool(tp_ok), "token_ids": tokens2, "server_stopped": stopped2, "server_pid": pid2,
-                      "error": result.error or (None if response2 else load_error(text2))}
+        responses2, text2, stopped2, pid2 = one(2, "-tp2")
+        tokens2, ok2, _ = tokens_of(responses2) if responses2 else (None, False, None)
+        result.tp2 = {"ok": ok2 and stopped2, "predicted_loads": bool(tp_ok), "token_ids": tokens2, "server_stopped": stopped2, "server_pid": pid2,
+                      "error": result.error or (None if responses2 else load_error(text2))}
         result.server_stopped = result.server_stopped and stopped2
         result.error = saved_error
     return _finish(result, work, t_start)
@@ -428,14 +485,17 @@ def _fallback_ids(config: dict) -> list[int]:
 
 
 def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remote_code: bool, server_text: str, timeout: float = 300.0,
-                       prompt_ids: list[int] | None = None, fallback_ids: list[int] | None = None) -> dict:
+                       prompt_ids: list[int] | None = None, fallback_ids: list[int] | None = None, image_png: bytes | None = None) -> dict:
     """transformers' greedy ``generate`` in a separate process: on ``prompt_ids`` when given
-    (no tokenizer needed), else on the tokenized ``prompt``."""
+    (no tokenizer needed), else on the tokenized ``prompt``; with ``image_png``, the chat
+    requests of a multimodal folder (``serve_image.reference``)."""
     root = Path(tempfile.mkdtemp(prefix="hfcheck-serve-ref-"))
     try:
+        if image_png is not None:
+            (root / "image.png").write_bytes(image_png)
         (root / "job.json").write_text(json.dumps({"model_dir": model_dir, "prompt": prompt, "max_tokens": max_tokens,
                                                    "trust": trust_remote_code, "server_text": server_text, "prompt_ids": prompt_ids,
-                                                   "fallback_ids": fallback_ids}))
+                                                   "fallback_ids": fallback_ids, "image": image_png is not None}))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
         proc = subprocess.Popen([sys.executable, "-c", "from hfcheck.porter.serve import reference_main; reference_main()", str(root)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
@@ -467,6 +527,12 @@ def reference_main() -> None:  # pragma: no cover - runs in the child process (c
     job = json.loads((root / "job.json").read_text())
     out: dict[str, Any] = {}
     try:
+        if job.get("image"):
+            from hfcheck.porter.serve_image import reference
+
+            out = reference(job["model_dir"], job["prompt"], (root / "image.png").read_bytes(), job["max_tokens"], job["trust"])
+            (root / "result.json").write_text(json.dumps(out))
+            return
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -520,6 +586,12 @@ def render_text(result: ServeResult, console=None) -> None:
         shown = result.server_token_ids if result.server_token_ids is not None else repr(result.server_text)
         expected = result.reference_token_ids if result.server_token_ids is not None else repr(result.reference_text)
         console.print(f"greedy tokens: server {shown}; transformers generate {expected}", markup=False)
+        if result.image:
+            console.print(f"image sent: {result.image}", markup=False)
+        for row in result.requests or []:
+            console.print(f"  {row['kind']}: prompt {len(row['server_prompt_ids'] or [])} tokens "
+                          f"({'= the processor' if row['prompts_match'] else 'DIFFERS from the processor'}'s {len(row['reference_prompt_ids'])}); "
+                          f"server {row['server_token_ids']}; transformers generate {row['reference_token_ids']}", markup=False)
         console.print(f"tokens {'match' if result.tokens_match else 'DIFFER'} ({result.compared}); "
                       f"startup {s.get('startup', '-')} s, request {s.get('request', '-')} s, reference {s.get('reference', '-')} s, total {s.get('total', '-')} s", markup=False)
     if result.decisions is not None:

@@ -3,7 +3,7 @@ vLLM (the CPU build here), its logged decisions compared with hfcheck's predicti
 
     .venv/bin/python scripts/runtime_crosscheck.py [--types qwen3,llama] [--batch 8] [--out reports/runtime-vllm-0.32.0.jsonl] [--ray ADDRESS]
     .venv/bin/python scripts/runtime_crosscheck.py --vlm [--types llava,gemma3]   # vision-language folders with an image
-    .venv/bin/python scripts/runtime_crosscheck.py --pooling [--types pooling:bert]   # encoders as embedding models
+    .venv/bin/python scripts/runtime_crosscheck.py --pooling [--types pooling:bert]   # every encoder type as an embedding model
 
 - vLLM's CPU build is set up once (``porter.runtime.environment``) and hfcheck is installed into
   it without dependencies, so prediction and runtime read the same transformers (5.19 there);
@@ -200,8 +200,8 @@ def main() -> int:
     if kind:
         from importlib import import_module
 
-        cases = import_module(VLM_MODULE if args.vlm else POOLING_MODULE).CASES
-        types = args.types.split(",") if args.types else list(cases)
+        module = import_module(VLM_MODULE if args.vlm else POOLING_MODULE)
+        types = args.types.split(",") if args.types else (list(module.CASES) if args.vlm else module.cases())
     else:
         types = args.types.split(",") if args.types else model_types(python)
     # a row recorded by other hfcheck code is run again when its type is asked for; the rows of

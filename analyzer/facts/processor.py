@@ -221,6 +221,16 @@ def image_rows(outputs: Any, counts: Any) -> tuple[int, int] | None:
     return int(data.shape[dim]), expected
 
 
+def image_placeholder(processor: Any) -> str:
+    """The text that stands for one image in a prompt, as vLLM 0.32/0.33 writes it for the
+    transformers backend (``transformers/multimodal.py``, ``MultiModalDummyInputsBuilder.get_dummy_text``):
+    Gemma 3's ``boi_token`` (its processor expands it), else ``image_token`` wrapped in
+    ``image_start_token`` / ``image_end_token`` where the processor has them (HunYuanVL)."""
+    if "gemma3" in type(processor).__name__.lower():
+        return processor.boi_token
+    return f"{getattr(processor, 'image_start_token', '')}{getattr(processor, 'image_token', '')}{getattr(processor, 'image_end_token', '')}"
+
+
 def embed_token(processor: Any, replacement: str, model_config: dict[str, Any]) -> dict[str, Any]:
     """vLLM's ``_get_embed_token_id``: the most frequent token of an item's encoded replacement
     (the smallest id on a tie, as ``torch.mode``) is the one its embeddings go to. Beside it the

@@ -36,6 +36,7 @@ from hfcheck.analyzer.rules.resolution import (
     CompatibilityGate,
     InstanceBuilt,
     NativeImplementation,
+    PerLayerAttributeReadGlobally,
 )
 
 RULES: tuple[type[Rule], ...] = (
@@ -43,6 +44,7 @@ RULES: tuple[type[Rule], ...] = (
     CompatibilityGate,
     NativeImplementation,
     InstanceBuilt,
+    PerLayerAttributeReadGlobally,
     CheckpointLoads,
     LinearSubclassForward,
     AttentionCoverage,

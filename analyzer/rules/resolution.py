@@ -117,3 +117,40 @@ class InstanceBuilt(Rule):
                 return [self.failed(f"vLLM cannot construct it: {inst.vllm_build_problem}; {built} another way for the other checks")]
             return [self.passed(built)]
         return [self.inconclusive(f"no tiny instance: {analysis.instance_error}")]
+
+
+GLOBALLY_READ_ATTRIBUTES = ("sliding_window",)
+"""Text-config attributes vLLM reads model-wide, with no per-layer path: ``ModelConfig.__post_init__``
+calls ``get_sliding_window()`` = ``getattr(hf_text_config, "sliding_window", None)`` (vLLM 0.32
+and 0.33 ``config/model.py``). Per-layer widths (head_dim, kv heads) go through
+``model_arch_config_convertor`` instead, which handles heterogeneous configs."""
+
+
+class PerLayerAttributeReadGlobally(Rule):
+    code = "HFC107"
+    name = "per-layer-attribute-read-globally"
+    impact = "blocker"
+    what = "No attribute vLLM reads model-wide is a per-layer attribute of a heterogeneous config (`per_layer_config`)."
+    why = (
+        "transformers' heterogeneous configs raise `AmbiguousGlobalPerLayerAttributeError` when a per-layer attribute is read "
+        "from the config itself. vLLM's `ModelConfig.__post_init__` reads `hf_text_config.sliding_window` "
+        "(`get_sliding_window`), so a config whose layers each set their own sliding window is refused before any weight "
+        "loads (measured on vLLM's CPU build 0.32 with NeoMME's default config)."
+    )
+    example = "NeoMMEConfig: per_layer_config sets sliding_window per layer -> AmbiguousGlobalPerLayerAttributeError"
+    fix = "Keep `sliding_window` model-wide (a `layer_types` list can still mark full-attention layers), or wait for a vLLM that reads it per layer."
+
+    def check(self, analysis) -> list[Finding]:
+        from hfcheck.analyzer.instance import text_config_of
+
+        if analysis.config_object is None:
+            return []
+        text = text_config_of(analysis.config_object)
+        if not getattr(text, "is_heterogeneous", False):
+            return []
+        per_layer = set(getattr(getattr(text, "_heterogeneity_spec", None), "per_layer_attributes", ()) or ())
+        clash = [name for name in GLOBALLY_READ_ATTRIBUTES if name in per_layer]
+        if clash:
+            return [self.failed(f"{type(text).__name__} sets {', '.join(clash)} per layer, and vLLM reads it model-wide at start "
+                                "(AmbiguousGlobalPerLayerAttributeError)", attributes=clash)]
+        return [self.passed(f"{type(text).__name__} is heterogeneous ({', '.join(sorted(per_layer))} per layer); vLLM reads none of them model-wide")]

@@ -20,10 +20,15 @@ from hfcheck.porter.runtime.batch import PROMPT, _first, attempt, build_folder, 
 from hfcheck.porter.runtime.tiny_vlm import word_tokenizer
 
 COSINE = 0.9999
-CASES = ("pooling:bert", "pooling:roberta", "pooling:xlm-roberta", "pooling:electra", "pooling:albert", "pooling:modernbert")
-"""Encoders that vLLM's transformers backend serves (the BERT family), loads with a dropped layer
-(ELECTRA's embeddings_project, HFC910) and refuses (ALBERT's shared layers carry no layer_idx;
-ModernBERT's scale is an expression vLLM cannot read)."""
+
+
+def cases() -> list[str]:
+    """Every encoder type of the pooling atlas section (``pooling:<model_type>``), as hfcheck's
+    transformers lists them: a type the vLLM environment's older transformers lacks is a
+    ``no-instance`` row that says so, not a type left out."""
+    from hfcheck.analyzer.sweep.targets import POOLING, atlas_types
+
+    return [t.key for t in atlas_types() if t.section == POOLING]
 
 
 def expected_embedding(model: Any, ids: list[int]) -> list[float]:
@@ -58,7 +63,7 @@ def run_case(key: str, work: Path) -> dict[str, Any]:
     want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
     word_tokenizer().save_pretrained(folder)  # vLLM's pooling runner wants a tokenizer even for token-id prompts
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = model.get_input_embeddings().weight.shape[0]  # I-BERT's QuantEmbedding has no num_embeddings
     ids = [t % vocab for t in PROMPT]
     log_path = work / f"{model_type}.log"
 
