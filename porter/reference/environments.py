@@ -167,7 +167,7 @@ def _site_packages(venv: Path) -> Path:
     return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
 
-def _pip(python: Path, args: list[str], log: Path) -> None:
+def pip_install(python: Path, args: list[str], log: Path) -> None:
     cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *args]
     with open(log, "ab") as out:
         out.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -246,7 +246,7 @@ def _base_env(root: Path, log_fn: Callable[[str], None] | None) -> Path:
         if log_fn:
             log_fn(f"building the shared torch environment ({req}) in {final} (once)")
         with _staged(root, name, final) as (venv, python, log):
-            _pip(python, [req], log)
+            pip_install(python, [req], log)
             (venv / MANIFEST).write_text(json.dumps({"requirement": req, "versions": _installed_versions(python)}))
     return final
 
@@ -294,10 +294,12 @@ def ensure_env(spec: EnvSpec, log_fn: Callable[[str], None] | None = None) -> Re
 
 
 def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tuple[str, ...] = (), check: Callable[[dict[str, str]], None] | None = None,
-                log_fn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, str], float | None]:
+                log_fn: Callable[[str], None] | None = None,
+                finish: Callable[[Path, Path, Path], None] | None = None) -> tuple[Path, dict[str, str], float | None]:
     """A cached virtual environment ``name`` over the shared torch one, with ``requirements``
-    installed (and ``uninstall`` removed afterwards): (path, versions, build seconds or None
-    when cached). Built in a temporary folder and renamed into place; locked per name."""
+    installed (and ``uninstall`` removed afterwards, then ``finish(python, site-packages, log)``
+    run): (path, versions, build seconds or None when cached). Built in a temporary folder and
+    renamed into place; locked per name."""
     root = env_root()
     final = root / name
     manifest = final / MANIFEST
@@ -313,11 +315,13 @@ def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tup
             log_fn(f"building {what} in {final}")
         with _staged(root, name, final) as (venv, python, log):
             (_site_packages(venv) / "zz_hfcheck_torch.pth").write_text(str(_site_packages(base)) + "\n")
-            _pip(python, requirements, log)
+            pip_install(python, requirements, log)
             if uninstall:
                 with open(log, "ab") as out:
                     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", *uninstall], stdout=out, stderr=subprocess.STDOUT, timeout=600,
                                    check=False)
+            if finish:
+                finish(python, _site_packages(venv), log)
             versions = _installed_versions(python)
             if check:
                 check(versions)
