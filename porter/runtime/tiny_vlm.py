@@ -156,3 +156,215 @@ def write_idefics3(folder: Path, seed: int = 0, do_image_splitting: bool = True,
 
 BUILDERS: dict[str, Callable[..., str]] = {"llava": write_llava, "gemma3": write_gemma3, "idefics3": write_idefics3}
 """Model type -> builder (``folder, seed, **vision_config overrides`` -> the image placeholder text)."""
+
+
+MAX_PARAMETERS = 50_000_000
+"""A small folder larger than this is not built (its defaults did not shrink)."""
+VISION_KEYS = ("vision_config", "vision_tower_config", "visual", "audio_config")
+TOWER_WIDTHS = {"hidden_size": 2 * HEAD_DIM, "embed_dim": 2 * HEAD_DIM, "intermediate_size": 4 * HEAD_DIM, "num_attention_heads": 2,
+                "num_heads": 2, "num_hidden_layers": 2, "depth": 2, "num_key_value_heads": 2}
+"""A tower's widths at small size (head_dim 32, two layers); its image and patch sizes stay the
+defaults, so the processor's defaults still describe it."""
+
+
+def _processor_classes(model_type: str) -> tuple[type, dict[str, type]]:
+    """(processor class, {sub-processor attribute: class}) transformers maps the type to: its
+    image processor (the PIL variant where there is one, else torchvision's) and, where the
+    processor takes one, its video processor (torchvision)."""
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING_NAMES
+
+    name = PROCESSOR_MAPPING_NAMES.get(model_type)
+    processor = getattr(transformers, name, None) if name else None
+    if processor is None:
+        raise LookupError(f"{model_type}: no processor class" if not name else f"{model_type}: {name} does not import here")
+    wanted = processor.get_attributes() if hasattr(processor, "get_attributes") else ["image_processor", "tokenizer"]
+    other = [a for a in wanted if a not in ("image_processor", "video_processor", "tokenizer")]
+    if other:
+        raise LookupError(f"{model_type}: its processor also needs {', '.join(other)}")
+    def pick(entry: Any) -> str | None:  # {"pil": ..., "torchvision": ...} or one name
+        return (entry.get("pil") or entry.get("torchvision") or next(iter(entry.values()), None)) if isinstance(entry, dict) else entry
+
+    names = {"image_processor": pick(IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type))}
+    if "video_processor" in wanted:
+        names["video_processor"] = pick(VIDEO_PROCESSOR_MAPPING_NAMES.get(model_type))
+    classes = {}
+    for attr, cls_name in names.items():
+        cls = getattr(transformers, cls_name, None) if cls_name else None
+        if cls is None or "<locals>" in cls.__qualname__:
+            mapped = (IMAGE_PROCESSOR_MAPPING_NAMES if attr == "image_processor" else VIDEO_PROCESSOR_MAPPING_NAMES).get(model_type)
+            raise LookupError(f"{model_type}: its {attr.replace('_', ' ')} needs torchvision" if isinstance(mapped, dict) and not cls_name else
+                              f"{model_type}: no {attr.replace('_', ' ')}" if not cls_name else
+                              f"{model_type}: {cls_name} does not import here (it needs torchvision)")
+        classes[attr] = cls
+    return processor, classes
+
+
+def _needed_tokens(processor_cls: type) -> dict[str, str]:
+    """Special tokens the processor reads off its tokenizer (``tokenizer.boi_token``), with the
+    processor's own default where its signature has one (``image_token="<image>"``)."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(processor_cls)
+    except (OSError, TypeError):
+        source = ""
+    base = {"bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token"}
+    names = {n for n in re.findall(r"tokenizer\.(\w+_token)\b", source) if not n.startswith("add_") and n not in base}
+    defaults = {name: p.default for name, p in inspect.signature(processor_cls.__init__).parameters.items()
+                if name.endswith("_token") and isinstance(p.default, str) and p.default}
+    return {name: defaults.get(name, f"<{name}>") for name in sorted(names | set(defaults))}
+
+
+def _grid_tokens(config: Any) -> int | None:
+    """Patches of one image at the tower's own size (config.mm_tokens_per_image where set)."""
+    if isinstance(getattr(config, "mm_tokens_per_image", None), int):
+        return config.mm_tokens_per_image
+    tower = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    side, patch = getattr(tower, "image_size", None), getattr(tower, "patch_size", None)
+    return (side // patch) ** 2 if isinstance(side, int) and isinstance(patch, int) and patch else None
+
+
+def _processor_candidates(processor_cls: type, config: Any) -> list[dict[str, Any]]:
+    """Keyword sets to try for the processor's size arguments, from the config (the folder's
+    processor and model must agree on how many tokens an image takes; the forward decides)."""
+    import inspect
+
+    params = set(inspect.signature(processor_cls.__init__).parameters)
+    vision = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    text = config.get_text_config()
+    fixed: dict[str, Any] = {}
+    for name in params - {"self", "image_processor", "tokenizer", "video_processor", "chat_template", "kwargs"}:
+        for holder in (config, vision, text):
+            value = getattr(holder, name, None) if holder is not None else None
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+                fixed[name] = value
+                break
+    side, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    grid = side // patch if isinstance(side, int) and isinstance(patch, int) and patch else None
+    counts = [getattr(config, "mm_tokens_per_image", None), getattr(text, "num_image_tokens", None), getattr(config, "num_query_tokens", None),
+              grid and grid * grid, grid and (grid // 2) ** 2]
+    counts = [c for c in dict.fromkeys(counts) if isinstance(c, int) and c > 0]
+    seq_names = [n for n in ("image_seq_length", "num_image_tokens", "image_seq_len") if n in params]
+    out = []
+    for extra in ((1, 0) if "num_additional_image_tokens" in params else (None,)):
+        for count in counts or [None]:
+            kwargs = dict(fixed)
+            if extra is not None:
+                kwargs["num_additional_image_tokens"] = extra
+            if count is not None:
+                kwargs.update({n: count for n in seq_names if n not in fixed})
+            if kwargs not in out:
+                out.append(kwargs)
+    return out or [{}]
+
+
+def _sized(image_cls: type, side: int | None) -> Any:
+    """The PIL image processor at the tower's image side: its default ``size`` and ``crop_size``
+    with every edge it sets (shortest_edge, height/width, longest_edge) at ``side``."""
+    default = image_cls()
+    if not isinstance(side, int):
+        return default
+    kwargs = {}
+    for name in ("size", "crop_size"):
+        value = getattr(default, name, None)
+        if value is None:
+            continue
+        items = value.items() if hasattr(value, "items") else vars(value).items()
+        edges = {k: side for k, v in items if isinstance(v, int) and not isinstance(v, bool) and "pixels" not in k}
+        if edges:
+            kwargs[name] = edges
+    return image_cls(**kwargs)
+
+
+def _tokens_of(processor: Any) -> dict[str, str]:
+    """The processor's special-token attributes (``image_token``, ``boi_token``, ...)."""
+    out = {}
+    for name in dir(processor):
+        if name.endswith("_token") and not name.startswith("_"):
+            try:
+                value = getattr(processor, name, None)
+            except Exception:  # noqa: BLE001 - a property that needs what this tokenizer lacks
+                continue
+            if isinstance(value, str) and value:
+                out[name] = value
+    return out
+
+
+def write_from_defaults(model_type: str, folder: Path, seed: int = 0) -> str:
+    """Any image-text-to-text type from its default config and its processor class: the text
+    model and the towers cut to small widths (image and patch sizes kept), a word-level tokenizer
+    holding the special tokens the processor reads, the config's token ids pointed at them, and
+    the processor's size arguments taken from the config, the first set under which
+    transformers' own forward accepts an image. Returns the image placeholder vLLM writes
+    (``image_placeholder``). Raises when the type's processor cannot be made here (no PIL image
+    processor, a video processor, which needs torchvision) or no set fits."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from hfcheck.analyzer.facts import collect_facts
+    from hfcheck.analyzer.facts.processor import image_placeholder
+    from hfcheck.analyzer.instance import shrunk_config, text_config_of
+    from hfcheck.analyzer.sweep.targets import VLM, default_config
+
+    processor_cls, subs = _processor_classes(model_type)
+    tokenizer = word_tokenizer(_needed_tokens(processor_cls))
+    raw, _ = default_config(model_type, VLM)
+    facts, cfg = collect_facts(raw)
+    config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)
+    config.architectures = raw["architectures"]
+    text = text_config_of(config)
+    text.vocab_size = max(len(tokenizer), 64)
+    for key in VISION_KEYS:
+        tower = getattr(config, key, None)
+        if tower is None or isinstance(tower, (dict, str)):
+            continue
+        for name, value in TOWER_WIDTHS.items():
+            if isinstance(getattr(tower, name, None), int) and not isinstance(getattr(tower, name), bool):
+                setattr(tower, name, value)
+        if isinstance(getattr(tower, "head_dim", None), int):
+            tower.head_dim = HEAD_DIM
+    tower = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    side = getattr(tower, "image_size", None)
+    side = side[0] if isinstance(side, (list, tuple)) else side
+    for holder in (config, text):
+        for key, value in (("pad_token_id", 0), ("bos_token_id", 2), ("eos_token_id", 3)):
+            if hasattr(holder, key):
+                setattr(holder, key, value)
+    with torch.device("meta"):
+        size = sum(p.numel() for p in AutoModelForImageTextToText.from_config(config).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{model_type}: {size / 1e6:.0f} M parameters at small widths (over {MAX_PARAMETERS / 1e6:.0f} M)")
+    errors = []
+    for kwargs in _processor_candidates(processor_cls, config):
+        try:
+            parts = {a: _sized(c, side) for a, c in subs.items()}
+            count = next((kwargs[n] for n in ("image_seq_length", "num_image_tokens", "image_seq_len") if n in kwargs), None)
+            if getattr(parts["image_processor"], "image_seq_length", 0) is None:  # PaliGemma reads it off the image processor
+                parts["image_processor"].image_seq_length = count or _grid_tokens(config)
+            processor = processor_cls(tokenizer=tokenizer, **parts, **kwargs)
+            for attr, token in _tokens_of(processor).items():
+                ident = tokenizer.convert_tokens_to_ids(token)
+                for holder in (config, text):
+                    for key in (f"{attr}_id", f"{attr}_index"):
+                        if isinstance(getattr(holder, key, None), int):
+                            setattr(holder, key, ident)
+            torch.manual_seed(seed)
+            model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+            placeholder = image_placeholder(processor)
+            inputs = processor(text=f"{placeholder} {PROMPT_WORDS}", images=[Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), (120, 30, 200))],
+                               return_tensors="pt")
+            with torch.no_grad():
+                model(**inputs)
+        except Exception as exc:  # noqa: BLE001 - the next keyword set; all errors are reported together
+            errors.append(f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        processor.save_pretrained(folder)
+        model.save_pretrained(folder)
+        return placeholder
+    raise ValueError(f"{model_type}: no processor arguments fit the small model ({'; '.join(dict.fromkeys(errors))[:400]})")

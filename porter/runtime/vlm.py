@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import attempt, generate_in_vllm, run_job
-from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
+from hfcheck.porter.runtime.batch import _first, attempt, generate_in_vllm, run_job
+from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS, write_from_defaults
 
 TOKENS = 6
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -30,7 +30,16 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """Case name -> (model type, builder arguments: vision-config overrides, or the builder's own).
 ``gemma3+vision_use_head`` keeps SigLIP's pooling head, an nn.MultiheadAttention (HFC907);
-``idefics3-no-splitting`` a processor whose counts miss its image rows (HFC909)."""
+``idefics3-no-splitting`` a processor whose counts miss its image rows (HFC909). Every other
+image-text-to-text type is a case of its own, built from its defaults (``write_from_defaults``)."""
+
+
+def cases() -> list[str]:
+    """The hand-built cases, then every other type of the atlas's image-text-to-text section."""
+    from hfcheck.analyzer.sweep.targets import VLM, atlas_types
+
+    hand = {model_type for model_type, _ in CASES.values()}
+    return list(CASES) + [t.key for t in atlas_types() if t.section == VLM and t.key not in hand]
 
 
 def _image():
@@ -49,11 +58,21 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
     from hfcheck.porter.runtime.decisions import differences, predicted
 
-    model_type, vision = CASES[name]
     folder = work / name.replace("+", "-")
     row: dict[str, Any] = {"model_type": name, "section": "image-text-to-text"}
     t0 = time.perf_counter()
-    placeholder = BUILDERS[model_type](folder, **vision)
+    length = 128
+    if name in CASES:
+        model_type, vision = CASES[name]
+        placeholder = BUILDERS[model_type](folder, **vision)
+    else:
+        try:
+            placeholder = write_from_defaults(name, folder)
+        except Exception as exc:  # noqa: BLE001 - a type whose small folder cannot be made here is a row, with why
+            row.update(status="no-instance", error=_first(exc), seconds=round(time.perf_counter() - t0, 1))
+            return row
+        row["built_from"] = "defaults"
+        length = 8192  # default image sizes: hundreds to thousands of image tokens
     report = build_report(analyse(resolve(str(folder))))
     want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
@@ -62,7 +81,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
 
     def run() -> dict[str, list[int]]:
         image, text = generate_in_vllm(log_path, [{"prompt": prompts["image"], "multi_modal_data": {"image": _image()}}, {"prompt": prompts["text"]}],
-                                       TOKENS, model=str(folder), max_model_len=128, limit_mm_per_prompt={"image": 1})
+                                       TOKENS, model=str(folder), max_model_len=length, limit_mm_per_prompt={"image": 1})
         return {"image": image, "text": text}
 
     tokens, got = attempt(row, log_path, run)
