@@ -17,9 +17,10 @@ trap 'rm -rf "$WORK"' EXIT
 .venv/bin/python scripts/runtime_crosscheck.py --vlm --types gemma3,gemma3+vision_use_head \
   --out "$WORK/runtime-vlm.jsonl" --gate scripts/crosscheck/runtime_known_differences.toml
 
-# pooling: BERT served as an embedding model (embedding equal to transformers'), and ELECTRA, whose
-# embeddings_project vLLM's legacy mapper drops (HFC910: it loads, with a wrong embedding)
-.venv/bin/python scripts/runtime_crosscheck.py --pooling --types pooling:bert,pooling:electra \
+# pooling: BERT served as an embedding model (embedding equal to transformers'), ELECTRA, whose
+# embeddings_project vLLM's legacy mapper drops (HFC910: it loads, with a wrong embedding), and
+# CamemBERT, whose positions vLLM counts from 0 (HFC912: it loads, with a wrong embedding)
+.venv/bin/python scripts/runtime_crosscheck.py --pooling --types pooling:bert,pooling:electra,pooling:camembert \
   --out "$WORK/runtime-pooling.jsonl" --gate scripts/crosscheck/runtime_known_differences.toml
 
 REMOTE=../shared/fixtures/remote-real/internlm-20b

@@ -79,3 +79,18 @@ def backend_class(architectures: list[str], multimodal: bool, moe: bool) -> Back
     else:
         name += "ForCausalLM"
     return BackendClass(name, runner, task)
+
+
+MM_PREFIX_LM_MODELS = ("bagel", "gemma3", "molmo2", "moondream3", "paligemma")
+"""Model types vLLM serves as multimodal prefix LMs (bidirectional attention over each item's
+placeholder tokens) when the config sets no ``is_mm_prefix_lm``: ``ModelArchConfigConvertor.is_mm_prefix_lm``
+(vLLM 0.32 and 0.33 ``transformers_utils/model_arch_config_convertor.py``). Only attention
+backends with ``supports_mm_prefix()`` apply it (FlashAttention, Triton, FlexAttention; not the
+CPU build's)."""
+
+
+def is_mm_prefix_lm(model_type: str, config: dict) -> bool:
+    """vLLM's ``is_mm_prefix_lm`` for a multimodal config (``config`` as config.json holds it)."""
+    if isinstance(config.get("is_mm_prefix_lm"), bool):
+        return config["is_mm_prefix_lm"]
+    return model_type in MM_PREFIX_LM_MODELS

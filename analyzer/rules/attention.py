@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.facts.runner import is_mm_prefix_lm
 from hfcheck.analyzer.rules.base import Finding, Rule
 
 _SSM_BESIDE_ATTENTION = frozenset({"hybrid", "hybrid_sliding"})
@@ -211,7 +212,10 @@ class EncoderModels(Rule):
         "vLLM's transformers backend (`Base._get_attn_cls`, 0.32 and 0.33) returns EncoderOnlyAttention when "
         "`has_encoder(model) and not is_multimodal(config)`, with `is_multimodal = config != config.get_text_config()`: "
         "any module with is_causal = False makes a *text* model encoder-only. A multimodal model always gets causal "
-        "decoder attention for its language model, so a bidirectional language model there is computed causally."
+        "decoder attention for its language model, so a bidirectional language model there is computed causally; where "
+        "vLLM serves the type as a multimodal prefix LM (`is_mm_prefix_lm`: PaliGemma, Gemma 3, Molmo 2, Bagel, Moondream 3, "
+        "or a config that sets it) only image tokens attend both ways (measured on PaliGemma in transformers 5.19: its "
+        "earlier positions see later text tokens of the prompt)."
     )
     example = "t5, bart (is_encoder_decoder: true): refused; Gemma 3 (bidirectional SigLIP tower): decoder attention, served"
     fix = "Use a decoder-only checkpoint, or a native vLLM implementation where one exists."
@@ -226,7 +230,7 @@ class EncoderModels(Rule):
         if obs is None or not obs.encoder_attention:
             return [self.passed("decoder-only")]
         if facts.multimodal:
-            return self._multimodal(obs)
+            return self._multimodal(obs, is_mm_prefix_lm(facts.model_type, analysis.source.config))
         if generates(analysis.transformers_class):
             return [self.failed(
                 f"{analysis.transformers_class.__name__} generates, but {obs.encoder_attention[0]} has is_causal = False: vLLM "
@@ -236,10 +240,18 @@ class EncoderModels(Rule):
             )]
         return [self.noted(f"encoder-only: {obs.encoder_attention[0]} has is_causal = False; served with encoder attention (pooling, not generation)")]
 
-    def _multimodal(self, obs) -> list[Finding]:
+    def _multimodal(self, obs, prefix_lm: bool) -> list[Finding]:
         components = {m.path: m.component for m in obs.modules}
         attention = {m.path for m in obs.modules if m.attention}
         in_language = [p for p in obs.encoder_attention if components.get(p) is None and p in attention]
+        if in_language and prefix_lm:
+            return [self.failed(
+                f"{in_language[0]} (language model) has is_causal = False: vLLM serves the type as a multimodal prefix LM, "
+                "but its bidirectional attention covers each image's tokens only (is_mm_prefix_lm; FlashAttention, Triton and "
+                "FlexAttention backends, not the CPU build's), while transformers' attends both ways over the whole prompt: "
+                "its outputs differ from transformers'",
+                "Serve it with vLLM's native implementation, or make the language model causal.",
+            )]
         if in_language:
             return [self.failed(
                 f"{in_language[0]} (language model) has is_causal = False, but vLLM gives a multimodal model's language "

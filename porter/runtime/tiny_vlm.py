@@ -165,6 +165,8 @@ TOWER_WIDTHS = {"hidden_size": 2 * HEAD_DIM, "embed_dim": 2 * HEAD_DIM, "interme
                 "num_heads": 2, "num_hidden_layers": 2, "depth": 2, "num_key_value_heads": 2}
 """A tower's widths at small size (head_dim 32, two layers); its image and patch sizes stay the
 defaults, so the processor's defaults still describe it."""
+OUTPUT_KEYS = ("out_hidden_size", "projection_dim", "text_hidden_size", "output_hidden_size")
+"""Tower fields that are the language model's width (what the tower's last projection writes)."""
 
 
 def _processor_classes(model_type: str) -> tuple[type, dict[str, type]]:
@@ -219,6 +221,34 @@ def _needed_tokens(processor_cls: type) -> dict[str, str]:
     return {name: defaults.get(name, f"<{name}>") for name in sorted(names | set(defaults))}
 
 
+def _scale_mrope(text: Any) -> None:
+    """M-RoPE's sections split the rotary half of a head: at the small head_dim they are scaled
+    to sum to ``head_dim // 2`` (largest remainders first)."""
+    import importlib
+    import inspect
+    import re
+
+    rope = getattr(text, "rope_parameters", None)
+    if not isinstance(rope, dict):
+        return
+    section = rope.get("mrope_section")
+    if section is None:  # the modeling code's own default (Qwen2.5-VL: [16, 24, 24]) applies
+        try:
+            source = inspect.getsource(importlib.import_module(type(text).__module__.replace(".configuration_", ".modeling_")))
+        except (ImportError, OSError, TypeError):
+            return
+        found = re.search(r"""get\(\s*["']mrope_section["']\s*,\s*\[([\d,\s]+)\]""", source)
+        section = [int(x) for x in found.group(1).split(",") if x.strip()] if found else None
+    head_dim = getattr(text, "head_dim", None) or HEAD_DIM
+    if not isinstance(section, list) or not section or sum(section) == head_dim // 2:
+        return
+    target, total = head_dim // 2, sum(section)
+    scaled = [s * target // total for s in section]
+    for i in sorted(range(len(section)), key=lambda i: -(section[i] * target % total))[: target - sum(scaled)]:
+        scaled[i] += 1
+    rope["mrope_section"] = scaled
+
+
 def _grid_tokens(config: Any) -> int | None:
     """Patches of one image at the tower's own size (config.mm_tokens_per_image where set)."""
     if isinstance(getattr(config, "mm_tokens_per_image", None), int):
@@ -262,13 +292,22 @@ def _processor_candidates(processor_cls: type, config: Any) -> list[dict[str, An
     return out or [{}]
 
 
-def _sized(image_cls: type, side: int | None) -> Any:
-    """The PIL image processor at the tower's image side: its default ``size`` and ``crop_size``
-    with every edge it sets (shortest_edge, height/width, longest_edge) at ``side``."""
+PATCH_FIELDS = {"patch_size": "patch_size", "temporal_patch_size": "temporal_patch_size", "merge_size": "spatial_merge_size"}
+"""Image/video processor field -> the tower field it must equal (Qwen2-VL-style patching)."""
+
+
+def _sized(image_cls: type, side: int | None, tower: Any = None) -> Any:
+    """The image (or video) processor at the tower's image side: its default ``size`` and
+    ``crop_size`` with every edge it sets (shortest_edge, height/width, longest_edge) at ``side``,
+    and its patch fields as the tower has them."""
     default = image_cls()
+    kwargs: dict[str, Any] = {}
+    for mine, theirs in PATCH_FIELDS.items():
+        value = getattr(tower, theirs, None)
+        if isinstance(getattr(default, mine, None), int) and isinstance(value, int):
+            kwargs[mine] = value
     if not isinstance(side, int):
-        return default
-    kwargs = {}
+        return image_cls(**kwargs) if kwargs else default
     for name in ("size", "crop_size"):
         value = getattr(default, name, None)
         if value is None:
@@ -339,10 +378,19 @@ def write_from_defaults(model_type: str, folder: Path, seed: int = 0) -> str:
         size = sum(p.numel() for p in AutoModelForImageTextToText.from_config(config).parameters())
     if size > MAX_PARAMETERS:
         raise ValueError(f"{model_type}: {size / 1e6:.0f} M parameters at small widths (over {MAX_PARAMETERS / 1e6:.0f} M)")
+    for key in OUTPUT_KEYS:  # a tower's output feeds the language model: its width
+        for holder in (tower, config):
+            if holder is not None and isinstance(getattr(holder, key, None), int):
+                setattr(holder, key, text.hidden_size)
+    _scale_mrope(text)
     errors = []
-    for kwargs in _processor_candidates(processor_cls, config):
+    for joined, kwargs in ((j, k) for j in (False, True) for k in _processor_candidates(processor_cls, config)):
+        if joined:  # Qwen2-VL's tower: hidden_size is its merger's output, the language model's width
+            if tower is None or getattr(tower, "hidden_size", None) in (None, text.hidden_size):
+                break
+            tower.hidden_size = text.hidden_size
         try:
-            parts = {a: _sized(c, side) for a, c in subs.items()}
+            parts = {a: _sized(c, side, tower) for a, c in subs.items()}
             count = next((kwargs[n] for n in ("image_seq_length", "num_image_tokens", "image_seq_len") if n in kwargs), None)
             if getattr(parts["image_processor"], "image_seq_length", 0) is None:  # PaliGemma reads it off the image processor
                 parts["image_processor"].image_seq_length = count or _grid_tokens(config)
