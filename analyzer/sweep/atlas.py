@@ -253,7 +253,9 @@ def _section(result: SweepResult, section: str, runtime: tuple[str, dict[str, di
         if ran:
             a = agreement(ran)
             out += [f"Checked against running vLLM {runtime[0]} (`scripts/runtime_crosscheck.py --{'vlm' if section == VLM else 'pooling'}`): "
-                    f"{len(ran)} of these types run, **{a['all_agree']} of {a['built']}** agree with the prediction.", ""]
+                    f"{len(ran)} of these types taken to it, {a['built']} with a small folder it could try (the last column says why "
+                    f"the others have none); **{a['all_agree']} of {a['built']}** agree with the prediction"
+                    + (f" (differing: {', '.join(a['disagree'])}; see the row)." if a["disagree"] else "."), ""]
     return out + _table(rows, runtime)
 
 
