@@ -422,3 +422,46 @@ def test_serve_an_image_that_is_not_one_is_a_clear_error(tmp_path, capsys):
     code = main(["serve", str(folder), "--image", str(tmp_path / "not.png")])
     err = capsys.readouterr().err
     assert code == 2 and "--image" in err and "not an image" in err and "Traceback" not in err
+
+
+def test_port_with_relative_paths_as_the_readme_writes_it(tmp_path, capsys, monkeypatch):
+    """`hfcheck port ./model --out ./ported` on a folder with a checkpoint: the real-weights proof
+    runs in a child with another working directory and still finds the converted checkpoint."""
+    copy_fixture("experts", tmp_path)
+    write_checkpoint(tmp_path / "experts")
+    monkeypatch.chdir(tmp_path)
+    code, result = port_json(Path("experts"), Path("ported"), capsys)
+    assert code == 0 and result["status"] == "ported", result["message"]
+    real = [c for c in result["proof"]["checks"] if c["name"].startswith("real weights")]
+    assert real and real[0]["ok"], real
+    assert (tmp_path / "ported" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_port_tables_wrap_and_never_cut_a_name(width):
+    """Piped or 80 columns wide, the proof, change and re-scan tables wrap: every check's name
+    and detail is there word for word, nothing ends in an ellipsis."""
+    import io
+
+    from rich.console import Console
+
+    from hfcheck.porter.port.orchestrate import PortResult
+    from hfcheck.porter.port.render import render_text
+
+    result = PortResult("ported", "proven", "./model", "./ported", path="rewrite")
+    names = ["random weights, 2 layers, prefill logits against the original in transformers 4.44.2",
+             "real weights (2 of 32 layers, first 512 vocabulary rows)"]
+    detail = "the output model on the converted checkpoint: FileNotFoundError: a file is missing from the folder"
+    result.proof = {"checks": [{"name": names[0], "ok": True, "max_rel_error": 1.2e-6, "argmax_agreement": 1.0},
+                               {"name": names[1], "ok": False, "detail": detail}]}
+    result.changes = [{"code": "HFC801", "file": "modeling_x.py", "where": "XAttention.forward line 120",
+                       "what": "q/k/v split into three projections so vLLM's QKVParallelLinear fuses them"}]
+    result.rescan = [{"code": "HFC301", "before": "fail", "after": "pass", "message": "XAttention: q_proj, k_proj, v_proj fuse into qkv"}]
+    buffer = io.StringIO()
+    render_text(result, Console(file=buffer, width=width))
+    text = buffer.getvalue()
+    assert "…" not in text and "1.2e-06" in text and "HFC801" in text and "HFC301" in text
+    words = text.split()
+    for phrase in (*names, detail):
+        for word in phrase.split():
+            assert any(word in w for w in words), (word, text)

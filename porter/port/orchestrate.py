@@ -101,6 +101,8 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         raise PortError(f"{src}: {exc}") from None
     model = {"model_type": facts.model_type, "architectures": facts.architectures, "remote_code": has_remote_code(source)}
     result = PortResult("refused", "", src, str(out) if out is not None else None, model)
+    if out is not None:  # the proofs run in children with other working directories: the folder by its full path
+        out = Path(out).expanduser().resolve()
 
     reason = _model_refusal(facts, source, static_findings)
     if reason:

@@ -211,9 +211,9 @@ def render_text(result, console=None) -> None:
             console.print(Text(f"differs: {note}", style="yellow"))
     if result.changes:
         table = Table(title="Changes", title_justify="left", expand=True)
-        table.add_column("check", no_wrap=True)
-        table.add_column("where", ratio=2)
-        table.add_column("change", ratio=4)
+        table.add_column("check", no_wrap=True, min_width=6)
+        table.add_column("where", ratio=2, overflow="fold")
+        table.add_column("change", ratio=4, overflow="fold")
         for c in result.changes:
             table.add_row(c["code"], f"{c['file']} {c['where']}", c["what"])
         console.print(table)
@@ -226,23 +226,29 @@ def render_text(result, console=None) -> None:
         console.print(f"weights: {w.get('note') or w.get('error')}", markup=False)
     if result.proof:
         table = Table(title="Proof (original in its own release vs output, float32)", title_justify="left", expand=True)
+        # the numbers stay on one line; a check's name and any detail wrap in the wide column (80
+        # columns or a pipe: nothing is cut to an ellipsis)
         table.add_column("", width=1)
-        table.add_column("check", ratio=3)
-        table.add_column("max rel error", justify="right")
-        table.add_column("argmax", justify="right")
+        table.add_column("check", ratio=1, overflow="fold")
+        table.add_column("max rel error", justify="right", no_wrap=True)
+        table.add_column("argmax", justify="right", no_wrap=True)
         for c in result.proof.get("checks", []):
             mark = Text("✓", style="green") if c["ok"] else Text("✗", style="red")
-            rel = f"{c['max_rel_error']:.1e}" if isinstance(c.get("max_rel_error"), float) else (c.get("detail") or "-")
+            numeric = isinstance(c.get("max_rel_error"), float)
+            rel = f"{c['max_rel_error']:.1e}" if numeric else "-"
             agree = f"{c['argmax_agreement']:.0%}" if isinstance(c.get("argmax_agreement"), float) else "-"
-            table.add_row(mark, c["name"], rel, agree)
+            name = Text(c["name"])
+            if not numeric and c.get("detail"):
+                name.append(f"\n{c['detail']}", style="dim")
+            table.add_row(mark, name, rel, agree)
         console.print(table)
         if result.proof.get("error"):
             console.print(Text(f"proof error: {result.proof['error']}", style="red"))
     if result.rescan:
         table = Table(title="Re-scan (before: original; after: ported, --trust-remote-code)", title_justify="left", expand=True)
         for col in ("check", "before", "after"):
-            table.add_column(col, no_wrap=True)
-        table.add_column("now", ratio=4)
+            table.add_column(col, no_wrap=True, min_width=len(col))
+        table.add_column("now", ratio=4, overflow="fold")
         colors = {"pass": "green", "fail": "red", "warn": "yellow", "info": "dim"}
         for row in result.rescan:
             table.add_row(row["code"], Text(row["before"], style=colors.get(row["before"], "")), Text(row["after"], style=colors.get(row["after"], "")), Text(row["message"]))
