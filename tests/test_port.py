@@ -465,3 +465,18 @@ def test_port_tables_wrap_and_never_cut_a_name(width):
     for phrase in (*names, detail):
         for word in phrase.split():
             assert any(word in w for w in words), (word, text)
+
+
+def test_an_original_that_stops_at_its_eos_is_not_called_broken():
+    """ChatGLM3's generate stopped at eos_token_id 2 after [63, 121, 2] while its full forward
+    pass, token by token, goes on: a stop, not a cache defect; the port is held to the full decode."""
+    from hfcheck.porter.port.equivalence import _generate_checks
+
+    original = {"generated": [63, 121, 2], "greedy_no_cache": [63, 121, 2, 40]}
+    (check,) = _generate_checks(original, {"generated": [63, 121, 2, 40]})
+    assert check["ok"] and "incomplete" not in check["detail"] and check["name"].startswith("greedy generate, 4 tokens")
+    (wrong,) = _generate_checks(original, {"generated": [63, 121, 2, 41]})
+    assert not wrong["ok"]
+    # a real cache defect (same length, other tokens) is still named as one
+    (defect,) = _generate_checks({"generated": [63, 9, 9, 9], "greedy_no_cache": [63, 121, 2, 40]}, {"generated": [63, 121, 2, 40]})
+    assert defect["ok"] and "incomplete" in defect["detail"]

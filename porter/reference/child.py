@@ -420,6 +420,11 @@ def main() -> None:
                     seq = torch.cat([seq, step[:, -1:].argmax(-1)], dim=1)
             result["greedy_no_cache"] = [int(t) for t in seq[0, ids.shape[1]:].tolist()]
             stage = "generating with the original's cache"
+            generation = getattr(model, "generation_config", None)
+            if generation is not None:  # 4.x reads eos_token_id=None as "the generation config's": stop at no EOS, as above
+                generation.eos_token_id = None
+                if hasattr(generation, "forced_eos_token_id"):
+                    generation.forced_eos_token_id = None
             try:
                 with torch.no_grad():
                     gen = model.generate(ids[:1], max_new_tokens=int(job["generate_tokens"]), do_sample=False, num_beams=1,
