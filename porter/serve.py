@@ -374,7 +374,11 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
     if with_image:
         png = png or serve_image.image_png()
         result.image = image or f"a generated {serve_image.SIDE}x{serve_image.SIDE} PNG"
-        ref = reference_generate(model_dir, prompt, max_tokens, trust, "", image_png=png)
+        from hfcheck.porter.runtime.environment import install_hfcheck
+
+        # vLLM's own environment has the processor's torchvision and the transformers vLLM uses
+        python = str(runtime.python) if runtime.kind == "cpu" and install_hfcheck(runtime, log) else sys.executable
+        ref = reference_generate(model_dir, prompt, max_tokens, trust, "", image_png=png, python=python)
     else:
         ref = reference_generate(model_dir, prompt, max_tokens, trust, "", prompt_ids=None if tokenizer else _fallback_ids(config),
                                  fallback_ids=_fallback_ids(config))
@@ -485,7 +489,8 @@ def _fallback_ids(config: dict) -> list[int]:
 
 
 def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remote_code: bool, server_text: str, timeout: float = 300.0,
-                       prompt_ids: list[int] | None = None, fallback_ids: list[int] | None = None, image_png: bytes | None = None) -> dict:
+                       prompt_ids: list[int] | None = None, fallback_ids: list[int] | None = None, image_png: bytes | None = None,
+                       python: str | None = None) -> dict:
     """transformers' greedy ``generate`` in a separate process: on ``prompt_ids`` when given
     (no tokenizer needed), else on the tokenized ``prompt``; with ``image_png``, the chat
     requests of a multimodal folder (``serve_image.reference``)."""
@@ -497,7 +502,7 @@ def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remot
                                                    "trust": trust_remote_code, "server_text": server_text, "prompt_ids": prompt_ids,
                                                    "fallback_ids": fallback_ids, "image": image_png is not None}))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
-        proc = subprocess.Popen([sys.executable, "-c", "from hfcheck.porter.serve import reference_main; reference_main()", str(root)],
+        proc = subprocess.Popen([python or sys.executable, "-c", "from hfcheck.porter.serve import reference_main; reference_main()", str(root)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
         try:
             _, err = proc.communicate(timeout=timeout)

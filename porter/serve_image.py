@@ -27,9 +27,13 @@ class ImageError(ValueError):
 
 
 def serves_images(report: dict[str, Any]) -> bool:
-    """The scan found a multimodal model whose processor builds and takes images: serve it with one."""
-    processor = report.get("processor") or {}
-    return bool((report.get("model") or {}).get("multimodal") and processor.get("built") and "image" in (processor.get("modalities") or []))
+    """The scan found a multimodal model with processor files whose processor takes images, or
+    could not build it here (hfcheck's own environment has no torchvision; the reference then
+    runs in vLLM's, where it may build): serve it with an image."""
+    processor = report.get("processor")
+    if not processor or not (report.get("model") or {}).get("multimodal"):
+        return False
+    return "image" in (processor.get("modalities") or []) if processor.get("built") else True
 
 
 def image_png(path: str | None = None) -> bytes:

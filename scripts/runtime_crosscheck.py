@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEPS = ("networkx", "rich", "platformdirs", "libcst", "einops")
 
 
 def source_hash() -> str:
@@ -44,16 +43,10 @@ def source_hash() -> str:
 
 
 def prepare(log) -> tuple[Path, str]:
-    from hfcheck.porter.runtime.environment import cpu_vllm
+    from hfcheck.porter.runtime.environment import cpu_vllm, install_hfcheck
 
     runtime = cpu_vllm(log)
-    # asked from another folder: in this checkout's root `import hfcheck` finds ./hfcheck without any install
-    check = subprocess.run([str(runtime.python), "-c", f"import hfcheck, sys; sys.exit(0 if hfcheck.__file__.startswith({str(ROOT)!r}) else 1)"],
-                           capture_output=True, check=False, cwd="/")
-    if check.returncode != 0:
-        log("installing hfcheck (editable, no dependencies) into vLLM's environment")
-        subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
-        subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", *DEPS], check=True)
+    install_hfcheck(runtime, log)
     return runtime.python, runtime.version
 
 

@@ -480,3 +480,27 @@ def test_an_original_that_stops_at_its_eos_is_not_called_broken():
     # a real cache defect (same length, other tokens) is still named as one
     (defect,) = _generate_checks({"generated": [63, 9, 9, 9], "greedy_no_cache": [63, 121, 2, 40]}, {"generated": [63, 121, 2, 40]})
     assert defect["ok"] and "incomplete" in defect["detail"]
+
+
+def test_serve_a_qwen2_5_vl_folder_whose_processor_needs_torchvision(tmp_path, capsys):
+    """Qwen2.5-VL's processor takes a video processor, which needs torchvision: hfcheck's own
+    environment cannot build it, vLLM's (torchvision's Python half) can. The folder is written
+    there from the type's defaults, served with an image, and the reference runs there too."""
+    import subprocess
+
+    from hfcheck.porter.runtime.environment import cpu_vllm, install_hfcheck
+
+    runtime = cpu_vllm()
+    assert install_hfcheck(runtime)
+    folder = tmp_path / "qwen2_5_vl"
+    build = subprocess.run([str(runtime.python), "-c", "import sys; from pathlib import Path; from hfcheck.porter.runtime.tiny_vlm import "
+                            "write_from_defaults; print(write_from_defaults('qwen2_5_vl', Path(sys.argv[1])))", str(folder)],
+                           capture_output=True, text=True, cwd="/", check=False)
+    assert build.returncode == 0, build.stderr[-2000:]
+    code, text = cli("serve", str(folder), "--prompt", "hello world a", "--max-tokens", "4", "--tp2", "no", "--format", "json", capsys=capsys)
+    result = json.loads(text)
+    assert code == 0 and result["ok"], result.get("error")
+    image, text_only = result["requests"]
+    assert image["prompts_match"] and image["tokens_match"] and text_only["tokens_match"]
+    assert len(image["server_prompt_ids"]) > len(text_only["server_prompt_ids"])
+    assert result["decisions"]["transformers_backend"] and result["differences"] == []

@@ -104,3 +104,29 @@ def cpu_vllm(log: Callable[[str], None] | None = None) -> VllmRuntime:
 
 def choose(log: Callable[[str], None] | None = None) -> VllmRuntime:
     return gpu_vllm() or cpu_vllm(log)
+
+
+HFCHECK_DEPS = ("networkx", "rich", "platformdirs", "libcst", "einops")
+"""What hfcheck's analysis imports beyond what vLLM's environment already has."""
+
+
+def install_hfcheck(runtime: VllmRuntime, log: Callable[[str], None] | None = None) -> bool:
+    """This checkout of hfcheck importable in vLLM's environment (editable, no dependencies, plus
+    ``HFCHECK_DEPS``), so a child there runs hfcheck's code on vLLM's transformers: the runtime
+    cross-check's batches, serve's reference for a multimodal folder. False where hfcheck is not
+    a source checkout (an installed wheel has no tree to install)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "pyproject.toml").is_file():
+        return False
+    # asked from another folder: in the checkout's root `import hfcheck` would find ./hfcheck without any install
+    check = subprocess.run([str(runtime.python), "-c", f"import hfcheck, sys; sys.exit(0 if hfcheck.__file__.startswith({str(root)!r}) else 1)"],
+                           capture_output=True, check=False, cwd="/")
+    if check.returncode == 0:
+        return True
+    if log:
+        log("installing hfcheck (editable, no dependencies) into vLLM's environment")
+    subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(root)], check=True, capture_output=True)
+    subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", *HFCHECK_DEPS], check=True, capture_output=True)
+    return True
