@@ -482,25 +482,33 @@ def test_an_original_that_stops_at_its_eos_is_not_called_broken():
     assert defect["ok"] and "incomplete" in defect["detail"]
 
 
-def test_serve_a_qwen2_5_vl_folder_whose_processor_needs_torchvision(tmp_path, capsys):
-    """Qwen2.5-VL's processor takes a video processor, which needs torchvision: hfcheck's own
-    environment cannot build it, vLLM's (torchvision's Python half) can. The folder is written
-    there from the type's defaults, served with an image, and the reference runs there too."""
+def test_serve_qwen2_5_vl_behind_its_published_processor_files(tmp_path, capsys):
+    """Qwen2.5-VL-3B-Instruct's own processor files (../shared/fixtures/vlm: preprocessor config,
+    chat template, the tokens its tokenizer adds) in front of a small model: its video processor
+    needs torchvision, which hfcheck's own environment lacks and vLLM's has, so the folder is
+    written there and the reference runs there. vLLM renders the published chat template itself;
+    its prompt ids (vision_start / image_pad / vision_end around the image) equal the processor's,
+    and the greedy tokens equal transformers' for the image prompt and the text prompt."""
     import subprocess
 
     from hfcheck.porter.runtime.environment import cpu_vllm, install_hfcheck
 
+    published = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vlm" / "qwen2.5-vl-3b-instruct"
+    if not published.is_dir():
+        pytest.skip("the shared VLM fixtures are not beside this checkout")
     runtime = cpu_vllm()
     assert install_hfcheck(runtime)
     folder = tmp_path / "qwen2_5_vl"
     build = subprocess.run([str(runtime.python), "-c", "import sys; from pathlib import Path; from hfcheck.porter.runtime.tiny_vlm import "
-                            "write_from_defaults; print(write_from_defaults('qwen2_5_vl', Path(sys.argv[1])))", str(folder)],
+                            "write_from_published; print(write_from_published(Path(sys.argv[1]), Path(sys.argv[2])))", str(published), str(folder)],
                            capture_output=True, text=True, cwd="/", check=False)
     assert build.returncode == 0, build.stderr[-2000:]
+    assert build.stdout.strip().splitlines()[-1] == "<|image_pad|>"
     code, text = cli("serve", str(folder), "--prompt", "hello world a", "--max-tokens", "4", "--tp2", "no", "--format", "json", capsys=capsys)
     result = json.loads(text)
     assert code == 0 and result["ok"], result.get("error")
+    assert "--chat-template" not in result["command"]  # the published template, rendered by vLLM
     image, text_only = result["requests"]
-    assert image["prompts_match"] and image["tokens_match"] and text_only["tokens_match"]
+    assert image["prompts_match"] and image["tokens_match"] and text_only["prompts_match"] and text_only["tokens_match"]
     assert len(image["server_prompt_ids"]) > len(text_only["server_prompt_ids"])
     assert result["decisions"]["transformers_backend"] and result["differences"] == []

@@ -339,50 +339,20 @@ def write_from_defaults(model_type: str, folder: Path, seed: int = 0) -> str:
     holding the special tokens the processor reads, the config's token ids pointed at them, and
     the processor's size arguments taken from the config, the first set under which
     transformers' own forward accepts an image. Returns the image placeholder vLLM writes
-    (``image_placeholder``). Raises when the type's processor cannot be made here (no PIL image
-    processor, a video processor, which needs torchvision) or no set fits."""
+    (``image_placeholder``). Raises when the type's processor cannot be made here (a class that
+    needs torchvision where it is missing, a sub-processor other than image and video) or no set
+    fits."""
     import torch
     from PIL import Image
     from transformers import AutoModelForImageTextToText
 
-    from hfcheck.analyzer.facts import collect_facts
     from hfcheck.analyzer.facts.processor import image_placeholder
-    from hfcheck.analyzer.instance import shrunk_config, text_config_of
     from hfcheck.analyzer.sweep.targets import VLM, default_config
 
     processor_cls, subs = _processor_classes(model_type)
     tokenizer = word_tokenizer(_needed_tokens(processor_cls))
     raw, _ = default_config(model_type, VLM)
-    facts, cfg = collect_facts(raw)
-    config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)
-    config.architectures = raw["architectures"]
-    text = text_config_of(config)
-    text.vocab_size = max(len(tokenizer), 64)
-    for key in VISION_KEYS:
-        tower = getattr(config, key, None)
-        if tower is None or isinstance(tower, (dict, str)):
-            continue
-        for name, value in TOWER_WIDTHS.items():
-            if isinstance(getattr(tower, name, None), int) and not isinstance(getattr(tower, name), bool):
-                setattr(tower, name, value)
-        if isinstance(getattr(tower, "head_dim", None), int):
-            tower.head_dim = HEAD_DIM
-    tower = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
-    side = getattr(tower, "image_size", None)
-    side = side[0] if isinstance(side, (list, tuple)) else side
-    for holder in (config, text):
-        for key, value in (("pad_token_id", 0), ("bos_token_id", 2), ("eos_token_id", 3)):
-            if hasattr(holder, key):
-                setattr(holder, key, value)
-    with torch.device("meta"):
-        size = sum(p.numel() for p in AutoModelForImageTextToText.from_config(config).parameters())
-    if size > MAX_PARAMETERS:
-        raise ValueError(f"{model_type}: {size / 1e6:.0f} M parameters at small widths (over {MAX_PARAMETERS / 1e6:.0f} M)")
-    for key in OUTPUT_KEYS:  # a tower's output feeds the language model: its width
-        for holder in (tower, config):
-            if holder is not None and isinstance(getattr(holder, key, None), int):
-                setattr(holder, key, text.hidden_size)
-    _scale_mrope(text)
+    config, text, tower, side = _small_config(raw, tokenizer, model_type)
     errors = []
     for joined, kwargs in ((j, k) for j in (False, True) for k in _processor_candidates(processor_cls, config)):
         if joined:  # Qwen2-VL's tower: hidden_size is its merger's output, the language model's width
@@ -416,3 +386,104 @@ def write_from_defaults(model_type: str, folder: Path, seed: int = 0) -> str:
         model.save_pretrained(folder)
         return placeholder
     raise ValueError(f"{model_type}: no processor arguments fit the small model ({'; '.join(dict.fromkeys(errors))[:400]})")
+
+
+def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, Any, Any, int | None]:
+    """(config, its text config, its tower config, the tower's image side): ``raw`` with the
+    text model cut like the analyzer's tiny instance (head_dim 32), the vocabulary the
+    tokenizer's, the towers at ``TOWER_WIDTHS`` (image and patch sizes kept), tower outputs at
+    the language model's width, M-RoPE sections scaled; pad/bos/eos at the word tokenizer's."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from hfcheck.analyzer.facts import collect_facts
+    from hfcheck.analyzer.instance import shrunk_config, text_config_of
+
+    facts, cfg = collect_facts(raw)
+    config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)
+    config.architectures = raw["architectures"]
+    text = text_config_of(config)
+    text.vocab_size = max(len(tokenizer), 64)
+    for key in VISION_KEYS:
+        tower = getattr(config, key, None)
+        if tower is None or isinstance(tower, (dict, str)):
+            continue
+        for field_name, value in TOWER_WIDTHS.items():
+            if isinstance(getattr(tower, field_name, None), int) and not isinstance(getattr(tower, field_name), bool):
+                setattr(tower, field_name, value)
+        if isinstance(getattr(tower, "head_dim", None), int):
+            tower.head_dim = HEAD_DIM
+    tower = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    side = getattr(tower, "image_size", None)
+    side = side[0] if isinstance(side, (list, tuple)) else side
+    for holder in (config, text):
+        for key, value in (("pad_token_id", 0), ("bos_token_id", 2), ("eos_token_id", 3)):
+            if hasattr(holder, key):
+                setattr(holder, key, value)
+    with torch.device("meta"):
+        size = sum(p.numel() for p in AutoModelForImageTextToText.from_config(config).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"{name}: {size / 1e6:.0f} M parameters at small widths (over {MAX_PARAMETERS / 1e6:.0f} M)")
+    for key in OUTPUT_KEYS:  # a tower's output feeds the language model: its width
+        for holder in (tower, config):
+            if holder is not None and isinstance(getattr(holder, key, None), int):
+                setattr(holder, key, text.hidden_size)
+    _scale_mrope(text)
+    return config, text, tower, side
+
+
+def write_from_published(src: Path, folder: Path, seed: int = 0) -> str:
+    """A small model behind a published VLM's own processor files: ``src`` holds the checkpoint's
+    config.json, preprocessor / processor configs, tokenizer_config.json and chat template (no
+    weights, no vocabulary). The image and video processors are built from their published
+    configs, the chat template is the published one, the word-level tokenizer holds every token
+    the published tokenizer adds (``<|vision_start|>``, ``<|image_pad|>``, ...), and the config's
+    token ids are moved to those tokens' new ids; the model is the published config cut as
+    ``_small_config`` cuts it. Returns the image placeholder vLLM writes."""
+    import json
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    from hfcheck.analyzer.facts.processor import image_placeholder
+
+    raw = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8"))
+    added = {int(i): t["content"] for i, t in (tok_cfg.get("added_tokens_decoder") or {}).items()}
+    special = {k: v for k, v in tok_cfg.items() if k.endswith("_token") and isinstance(v, str) and k not in ("bos_token", "eos_token", "pad_token", "unk_token")}
+    tokenizer = word_tokenizer(special, extra=tuple(added.values()))
+    processor_cls, subs = _processor_classes(raw["model_type"])
+    config, text, tower, _ = _small_config(raw, tokenizer, raw["model_type"])
+    for holder, source in ((config, raw), (text, raw.get("text_config") or raw)):  # token ids: the same tokens, their new ids
+        for key, value in source.items():
+            if (key.endswith(("_token_id", "_token_index"))) and isinstance(value, int) and value in added and hasattr(holder, key):
+                setattr(holder, key, tokenizer.convert_tokens_to_ids(added[value]))
+    parts: dict[str, Any] = {"image_processor": AutoImageProcessor.from_pretrained(src, local_files_only=True)}
+    if "video_processor" in subs:
+        from transformers import AutoVideoProcessor
+
+        parts["video_processor"] = AutoVideoProcessor.from_pretrained(src, local_files_only=True)
+    template = None
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if (src / name).is_file():
+            body = (src / name).read_text(encoding="utf-8")
+            template = json.loads(body)["chat_template"] if name.endswith(".json") else body
+            break
+    import inspect
+
+    accepted = set(inspect.signature(processor_cls.__init__).parameters) - {"self", "tokenizer", "chat_template", *parts}
+    published = json.loads((src / "processor_config.json").read_text(encoding="utf-8")) if (src / "processor_config.json").is_file() else {}
+    kwargs = {k: v for k, v in published.items() if k in accepted}  # patch_size, image_seq_len, ... as published
+    processor = processor_cls(tokenizer=tokenizer, chat_template=template or tok_cfg.get("chat_template"), **parts, **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32).eval()
+    messages = [{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (IMAGE_SIDE, IMAGE_SIDE), (120, 30, 200))},
+                                             {"type": "text", "text": PROMPT_WORDS}]}]
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+    with torch.no_grad():
+        model(**inputs)  # the published processor's counts fit the small model, or this raises
+    folder.mkdir(parents=True, exist_ok=True)
+    processor.save_pretrained(folder)
+    model.save_pretrained(folder)
+    return image_placeholder(processor)
