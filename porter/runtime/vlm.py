@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.porter.runtime.batch import _first, attempt, generate_in_vllm, run_job
-from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS, write_from_defaults
+from hfcheck.porter.runtime.tiny_vlm import (
+    BUILDERS,
+    PROMPT_WORDS,
+    write_from_defaults,
+    write_from_published,
+)
 
 TOKENS = 6
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -34,12 +39,21 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 image-text-to-text type is a case of its own, built from its defaults (``write_from_defaults``)."""
 
 
+PUBLISHED_PREFIX = "published:"
+PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vlm"
+"""Published VLM folders (config, processor files, chat template; no weights) beside the
+checkout: each is a case ``published:<folder>``, a small model behind its own processor files
+(``write_from_published``)."""
+
+
 def cases() -> list[str]:
-    """The hand-built cases, then every other type of the atlas's image-text-to-text section."""
+    """The hand-built cases, every other type of the atlas's image-text-to-text section, then
+    the published folders."""
     from hfcheck.analyzer.sweep.targets import VLM, atlas_types
 
     hand = {model_type for model_type, _ in CASES.values()}
-    return list(CASES) + [t.key for t in atlas_types() if t.section == VLM and t.key not in hand]
+    published = sorted(PUBLISHED_PREFIX + d.name for d in PUBLISHED.iterdir() if (d / "config.json").is_file()) if PUBLISHED.is_dir() else []
+    return list(CASES) + [t.key for t in atlas_types() if t.section == VLM and t.key not in hand] + published
 
 
 def _image():
@@ -78,11 +92,15 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
         placeholder = BUILDERS[model_type](folder, **vision)
     else:
         try:
-            placeholder = write_from_defaults(name, folder)
+            if name.startswith(PUBLISHED_PREFIX):
+                folder = work / name.removeprefix(PUBLISHED_PREFIX)
+                placeholder = write_from_published(PUBLISHED / name.removeprefix(PUBLISHED_PREFIX), folder)
+            else:
+                placeholder = write_from_defaults(name, folder)
         except Exception as exc:  # noqa: BLE001 - a type whose small folder cannot be made here is a row, with why
             row.update(status="no-instance", error=_first(exc), seconds=round(time.perf_counter() - t0, 1))
             return row
-        row["built_from"] = "defaults"
+        row["built_from"] = "published" if name.startswith(PUBLISHED_PREFIX) else "defaults"
         length = _context(folder)
     report = build_report(analyse(resolve(str(folder))))
     want = predicted(report, cpu_build=installed_is_cpu_build())
