@@ -228,7 +228,8 @@ def test_a_small_folder_from_any_types_defaults(tmp_path):
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from hfcheck.porter.runtime.tiny_vlm import PROMPT_WORDS, write_from_defaults
+    from hfcheck.porter.runtime.tiny_vlm import PROMPT_WORDS
+    from hfcheck.porter.runtime.vlm_folders import write_from_defaults
 
     folder = tmp_path / "llava_next"
     placeholder = write_from_defaults("llava_next", folder)
@@ -245,7 +246,7 @@ def test_a_small_folder_from_any_types_defaults(tmp_path):
 
 
 def test_a_type_whose_processor_needs_what_is_missing_says_so(tmp_path):
-    from hfcheck.porter.runtime.tiny_vlm import write_from_defaults
+    from hfcheck.porter.runtime.vlm_folders import write_from_defaults
 
     pytest.importorskip("transformers")
     import importlib.util

@@ -499,7 +499,7 @@ def test_serve_qwen2_5_vl_behind_its_published_processor_files(tmp_path, capsys)
     runtime = cpu_vllm()
     assert install_hfcheck(runtime)
     folder = tmp_path / "qwen2_5_vl"
-    build = subprocess.run([str(runtime.python), "-c", "import sys; from pathlib import Path; from hfcheck.porter.runtime.tiny_vlm import "
+    build = subprocess.run([str(runtime.python), "-c", "import sys; from pathlib import Path; from hfcheck.porter.runtime.vlm_folders import "
                             "write_from_published; print(write_from_published(Path(sys.argv[1]), Path(sys.argv[2])))", str(published), str(folder)],
                            capture_output=True, text=True, cwd="/", check=False)
     assert build.returncode == 0, build.stderr[-2000:]

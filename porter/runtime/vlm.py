@@ -18,12 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.porter.runtime.batch import _first, attempt, generate_in_vllm, run_job
-from hfcheck.porter.runtime.tiny_vlm import (
-    BUILDERS,
-    PROMPT_WORDS,
-    write_from_defaults,
-    write_from_published,
-)
+from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
+from hfcheck.porter.runtime.vlm_folders import write_from_defaults, write_from_published
 
 TOKENS = 6
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
