@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -67,16 +68,35 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
+def _porter_defect(exc: BaseException, created: Path | None) -> str:
+    """The line for an exception in hfcheck's own port code: what, and the porter function and
+    line it came from (the step); a folder this run created is removed, not left half-written."""
+    import shutil
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/porter/" in f.filename.replace("\\", "/")]
+    where = f" in {frames[-1].name} ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    removed = ""
+    if created is not None and created.is_dir():
+        shutil.rmtree(created, ignore_errors=True)
+        removed = f"; {created} removed"
+    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return f"port failed{where}: {type(exc).__name__}: {text}".rstrip(": ") + f" (a defect in hfcheck's porter, not in the model{removed})"
+
+
 def _port(args) -> int:
     from hfcheck.porter.port.orchestrate import PortError, port
     from hfcheck.porter.port.render import render_text
 
+    out_existed = args.out is not None and Path(args.out).expanduser().exists()
     try:
         progress = None if args.format == "json" else (lambda line: print(f"port: {line}", file=sys.stderr, flush=True))
         result = port(args.src, args.out, prove=not args.no_verify, rescan=not args.no_rescan, force=args.force, proof_timeout=args.timeout,
                       reference_transformers=args.reference_transformers, path=args.path, log=progress)
     except PortError as exc:
         return _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a defect of the porter's own: one line naming where, never a traceback
+        return _fail(_porter_defect(exc, None if out_existed or args.out is None else Path(args.out).expanduser()))
     if args.serve and result.status == "ported":
         from hfcheck.porter.serve import ServeError, smoke_serve
 

@@ -512,3 +512,24 @@ def test_serve_qwen2_5_vl_behind_its_published_processor_files(tmp_path, capsys)
     assert image["prompts_match"] and image["tokens_match"] and text_only["prompts_match"] and text_only["tokens_match"]
     assert len(image["server_prompt_ids"]) > len(text_only["server_prompt_ids"])
     assert result["decisions"]["transformers_backend"] and result["differences"] == []
+
+
+def test_a_defect_in_the_porter_is_one_line_naming_the_step(tmp_path, capsys, monkeypatch):
+    """A KeyError inside hfcheck's own port code (as a codemod once assumed config['type']): exit
+    2, one line naming the exception and the porter function it came from, no traceback, and no
+    --out folder left behind."""
+    from hfcheck.porter.cli import main
+    from hfcheck.porter.port import orchestrate
+
+    def broken(facts, source, findings):
+        out.mkdir()  # as if a step had started writing
+        return {}["type"]
+
+    src = copy_fixture("legacy", tmp_path)
+    out = tmp_path / "ported"
+    monkeypatch.setattr(orchestrate, "_model_refusal", broken)
+    code = main(["port", str(src), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "port failed in port (orchestrate.py:" in err[0] and "KeyError: 'type'" in err[0] and "Traceback" not in err[0]
+    assert not out.exists() and "removed" in err[0]
