@@ -127,6 +127,9 @@ def install_hfcheck(runtime: VllmRuntime, log: Callable[[str], None] | None = No
         return True
     if log:
         log("installing hfcheck (editable, no dependencies) into vLLM's environment")
-    subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(root)], check=True, capture_output=True)
-    subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", *HFCHECK_DEPS], check=True, capture_output=True)
+    for args in (["--no-deps", "-e", str(root)], list(HFCHECK_DEPS)):
+        if subprocess.run([str(runtime.python), "-m", "pip", "install", "-q", *args], capture_output=True, check=False).returncode != 0:
+            if log:
+                log(f"hfcheck could not be installed into vLLM's environment (pip install {' '.join(args)} failed)")
+            return False
     return True
