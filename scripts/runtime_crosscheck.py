@@ -46,7 +46,8 @@ def prepare(log) -> tuple[Path, str]:
     from hfcheck.porter.runtime.environment import cpu_vllm, install_hfcheck
 
     runtime = cpu_vllm(log)
-    install_hfcheck(runtime, log)
+    if not install_hfcheck(runtime, log):
+        raise SystemExit("hfcheck could not be installed into vLLM's environment: the batches would not import it")
     return runtime.python, runtime.version
 
 
