@@ -26,6 +26,11 @@ OUTPUT_KEYS = ("out_hidden_size", "projection_dim", "text_hidden_size", "output_
 """Tower fields that are the language model's width (what the tower's last projection writes)."""
 
 
+def _tower(config: Any) -> Any:
+    """The config's first tower sub-config (vision, else audio), or None."""
+    return next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+
+
 def _processor_classes(model_type: str) -> tuple[type, dict[str, type]]:
     """(processor class, {sub-processor attribute: class}) transformers maps the type to: its
     image processor (the PIL variant where there is one, else torchvision's) and, where the
@@ -110,7 +115,7 @@ def _grid_tokens(config: Any) -> int | None:
     """Patches of one image at the tower's own size (config.mm_tokens_per_image where set)."""
     if isinstance(getattr(config, "mm_tokens_per_image", None), int):
         return config.mm_tokens_per_image
-    tower = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    tower = _tower(config)
     side, patch = getattr(tower, "image_size", None), getattr(tower, "patch_size", None)
     return (side // patch) ** 2 if isinstance(side, int) and isinstance(patch, int) and patch else None
 
@@ -121,7 +126,7 @@ def _processor_candidates(processor_cls: type, config: Any) -> list[dict[str, An
     import inspect
 
     params = set(inspect.signature(processor_cls.__init__).parameters)
-    vision = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    vision = _tower(config)
     text = config.get_text_config()
     fixed: dict[str, Any] = {}
     for name in params - {"self", "image_processor", "tokenizer", "video_processor", "chat_template", "kwargs"}:
@@ -270,7 +275,7 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
                 setattr(tower, field_name, value)
         if isinstance(getattr(tower, "head_dim", None), int):
             tower.head_dim = HEAD_DIM
-    tower = next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
+    tower = _tower(config)
     side = getattr(tower, "image_size", None)
     side = side[0] if isinstance(side, (list, tuple)) else side
     for holder in (config, text):
