@@ -362,6 +362,7 @@ def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
 def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
                 png: bytes | None = None, image: str | None = None) -> ServeResult:
     from hfcheck.porter import serve_image
+    from hfcheck.porter.runtime.batch import context_length
     from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
 
     tokenizer = has_tokenizer(model_dir)
@@ -396,7 +397,7 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
             (work / "chat_template.jinja").write_text(ref["template"], encoding="utf-8")
             extra += ["--chat-template", str(work / "chat_template.jinja")]
         longest = max(len(r["prompt_ids"]) for r in ref["requests"]) + max_tokens
-        context = _context(config, max(256, -(-(longest + 32) // 256) * 256))
+        context = context_length(config, max(256, -(-(longest + 32) // 256) * 256))
     else:
         if ref.get("tokenizer_error"):
             tokenizer = False
@@ -406,7 +407,7 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
         result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
         requests = [("/v1/completions", {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0,
                                          "ignore_eos": True, "return_token_ids": True})]
-        context = _context(config)
+        context = context_length(config, 256)
 
     def one(tp: int, label: str) -> tuple[list[dict] | None, str, bool, int | None]:
         p = port or _free_port()
@@ -468,16 +469,6 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
         result.server_stopped = result.server_stopped and stopped2
         result.error = saved_error
     return _finish(result, work, t_start)
-
-
-def _context(config: dict, wanted: int = 256) -> int:
-    """The served context: 256 tokens, or less when the model's positions end sooner."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = text.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return min(wanted, value)
-    return wanted
 
 
 def _fallback_ids(config: dict) -> list[int]:

@@ -69,6 +69,17 @@ def _output_to(path: Path):
             os.close(fd)
 
 
+def context_length(config: dict[str, Any], wanted: int) -> int:
+    """The ``max_model_len`` to give vLLM: ``wanted``, or less where the model's positions end
+    sooner (vLLM refuses a longer one): config.json's text config, first of its position fields."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = text.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return min(wanted, value)
+    return wanted
+
+
 def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
     """The runnable small instance of a model type's default config, saved in ``folder``: its
     causal-LM class, or (``section="pooling"``) its base model, which vLLM pools."""
@@ -181,11 +192,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
 
         vocab = model.get_input_embeddings().num_embeddings
         ids.extend(t % vocab for t in PROMPT)
-        length = 64
-        text = model.config.get_text_config()
-        for key in ("max_position_embeddings", "n_positions"):
-            if isinstance(getattr(text, key, None), int):
-                length = min(length, getattr(text, key))
+        length = context_length(json.loads((folder / "config.json").read_text(encoding="utf-8")), 64)
         (tokens,) = generate_in_vllm(log_path, [TokensPrompt(prompt_token_ids=ids)], TOKENS, model=str(folder), max_model_len=length,
                                      skip_tokenizer_init=True)
         return tokens

@@ -13,11 +13,12 @@ For each case (a model type with ``tiny_vlm`` builder arguments):
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import _first, attempt, generate_in_vllm, run_job
+from hfcheck.porter.runtime.batch import _first, attempt, context_length, generate_in_vllm, run_job
 from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
 from hfcheck.porter.runtime.vlm_folders import write_from_defaults, write_from_published
 
@@ -58,17 +59,6 @@ def _image():
     return Image.new("RGB", (32, 32), (120, 30, 200))
 
 
-def _context(folder: Path, wanted: int = 8192) -> int:
-    """Default image sizes take hundreds to thousands of tokens: 8192, or the model's own
-    position limit when it ends sooner (vLLM refuses a longer max_model_len)."""
-    import json
-
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    limit = text.get("max_position_embeddings")
-    return min(wanted, limit) if isinstance(limit, int) and limit > 0 else wanted
-
-
 def run_case(name: str, work: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -97,7 +87,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
             row.update(status="no-instance", error=_first(exc), seconds=round(time.perf_counter() - t0, 1))
             return row
         row["built_from"] = "published" if name.startswith(PUBLISHED_PREFIX) else "defaults"
-        length = _context(folder)
+        length = context_length(json.loads((folder / "config.json").read_text(encoding="utf-8")), 8192)  # default image sizes: many tokens
     report = build_report(analyse(resolve(str(folder))))
     want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
