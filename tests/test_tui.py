@@ -405,6 +405,7 @@ def test_snapshot_overview(offline, models, warm_cache, tmp_path, monkeypatch):
             await wait_for(pilot, lambda: app.counts()["done"] == 4, 60, "the cached results")
             assert "4/4 scanned · 1 error · 3 from cache" in status_text(app)  # the sweep's cache, reused
             assert "result from the sweep cache" in detail_text(app)
+            await wait_for(pilot, lambda: len(app.query("FooterKey")) > 0, 30, "the footer's keys (drawn late on a loaded machine)")
             assert_snapshot(app.export_screenshot(), "overview.svg", tmp_path)
 
     run(scenario())
@@ -419,6 +420,7 @@ def test_snapshot_blocked_model_detail(offline, models, warm_cache, tmp_path, mo
             await pilot.press("down")
             app.query_one("#detail-pane").scroll_end(animate=False)
             await pilot.pause(0.2)
+            await wait_for(pilot, lambda: len(app.query("FooterKey")) > 0, 30, "the footer's keys (drawn late on a loaded machine)")
             assert_snapshot(app.export_screenshot(), "blocked-detail.svg", tmp_path)
 
     run(scenario())
