@@ -244,6 +244,13 @@ def test_port_two_lists_folds_the_layer_lists(tmp_path, capsys):
     assert any(c["name"].startswith("real weights") and c["ok"] for c in result["proof"]["checks"])
     scan = rescan(result)
     assert scan["HFC809"] == ("fail", "pass") and scan["HFC810"] == ("warn", "pass") and scan["HFC601"][1] == "pass"
+    # transformers' own linter: the port adds no finding; the original's tied-weights finding is marked as one that matters
+    lint = result["lint"]
+    assert lint["error"] is None and lint["introduced"] == [], lint["introduced"]
+    assert any(f["rule"] == "TRF015" and f["matters"] for f in lint["original"])
+    assert {f["rule"] for f in lint["original"]} >= {"TRF028", "TRF057"}
+    md = (out / "PORT.md").read_text()
+    assert "## transformers' model linter" in md and "The port adds no finding." in md and "| **TRF015** |" in md
 
 
 # --------------------------------------------------------------------------- nothing to port, refused, errors

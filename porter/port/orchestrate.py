@@ -67,6 +67,7 @@ class PortResult:
     files: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     serve: dict[str, Any] | None = None
+    lint: dict[str, Any] | None = None  # transformers-mlinter on the original and the port (lint.py)
 
     @property
     def exit_code(self) -> int:
@@ -590,8 +591,11 @@ def _diff(source, state, ported_config: dict | None) -> str:
 def _write_reports(result: PortResult, state, source, ported_config: dict | None, out_dir: Path) -> None:
     from hfcheck.porter.port.render import render_markdown
 
+    from hfcheck.porter.port.lint import lint_port
+
     if ported_config is None and result.retarget:
         ported_config = result.retarget.get("native_config")
+    result.lint = lint_port(source.code_files, dict(state.files) if state is not None else None).to_dict()
     (out_dir / "port.diff").write_text(_diff(source, state, ported_config), encoding="utf-8")
     (out_dir / "PORT.md").write_text(render_markdown(result), encoding="utf-8")
     if "port.diff" not in result.files:

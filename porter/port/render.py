@@ -61,8 +61,48 @@ def render_markdown(result) -> str:
                   "| check | before | after | now |", "|---|---|---|---|"]
         lines += [f"| {r['code']} | {r['before']} | {r['after']} | {_md(r['message'])} |" for r in result.rescan]
         lines.append("")
+    lines += _lint_md(result)
     lines += ["## Files", ""] + [f"- `{f}`" for f in result.files]
     return "\n".join(lines) + "\n"
+
+
+def _lint_md(result) -> list[str]:
+    """transformers-mlinter on both sides: what the port added (nothing, or a porter defect),
+    what the original already had, rule by rule, marked where it matters to vLLM or loading."""
+    lint = result.lint
+    if not lint:
+        return []
+    lines = ["## transformers' model linter", ""]
+    if lint.get("error"):
+        return lines + [f"`transformers-mlinter` did not run: {_md(lint['error'])}.", ""]
+    ported = "the ported files" if result.path == "rewrite" else "no model code (a native class)"
+    lines.append(f"`transformers-mlinter` {lint.get('version')} on the original's files and on {ported}.")
+    introduced = lint.get("introduced") or []
+    if introduced:
+        lines += ["", f"**The port added {len(introduced)} finding(s)** (a porter defect; please report it):", ""]
+        lines += [f"- `{f['file']}:{f['line']}` {f['rule']}: {_md(f['message'])}" for f in introduced]
+    elif result.path == "rewrite":
+        lines.append(" The port adds no finding.")
+    fixed = lint.get("fixed") or []
+    if fixed and result.path == "rewrite":
+        lines += ["", f"The port removes {len(fixed)} of the original's findings: "
+                  + ", ".join(sorted({f['rule'] for f in fixed})) + "."]
+    original = lint.get("original") or []
+    lines.append("")
+    if not original:
+        return lines + ["The original has no finding.", ""]
+    by_rule: dict[str, list[dict[str, Any]]] = {}
+    for f in original:
+        by_rule.setdefault(f["rule"], []).append(f)
+    lines += [f"The original already has {len(original)} finding(s) under {len(by_rule)} rule(s) "
+              "(`mlinter --rule TRFxxx` explains each); **bold**: matters to vLLM or to loading:", "",
+              "| rule | findings | first at | matters because |", "|---|---|---|---|"]
+    for rule in sorted(by_rule, key=lambda r: (not by_rule[r][0].get("matters"), r)):
+        found = by_rule[rule]
+        why = found[0].get("matters")
+        name = f"**{rule}**" if why else rule
+        lines.append(f"| {name} | {len(found)} | `{found[0]['file']}:{found[0]['line']}` {_md(found[0]['message'][:120])} | {_md(why or '')} |")
+    return lines + [""]
 
 
 def _served_md(result) -> list[str]:
