@@ -112,8 +112,9 @@ def lint_port(original: dict[str, str], ported: dict[str, str] | None) -> LintRe
     """The linter on the original's files and (for a rewrite) on the ported files; ``ported``
     None for a retarget, where no model code is written."""
     try:
-        import mlinter  # noqa: F401 - presence check
         from importlib.metadata import version
+
+        import mlinter  # noqa: F401 - presence check
     except ImportError:
         return LintReport(False, error="transformers-mlinter is not installed (pip install transformers-mlinter)")
     try:

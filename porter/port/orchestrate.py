@@ -589,9 +589,8 @@ def _diff(source, state, ported_config: dict | None) -> str:
 
 
 def _write_reports(result: PortResult, state, source, ported_config: dict | None, out_dir: Path) -> None:
-    from hfcheck.porter.port.render import render_markdown
-
     from hfcheck.porter.port.lint import lint_port
+    from hfcheck.porter.port.render import render_markdown
 
     if ported_config is None and result.retarget:
         ported_config = result.retarget.get("native_config")
