@@ -141,17 +141,52 @@ def test_legacy_codemods_rewrite_attention_apis_and_kwargs():
     assert state.refusals == []
 
 
-def test_port_refuses_code_that_cannot_run_on_cpu(tmp_path, capsys):
-    """The legacy fixture imports flash_attn unguarded: it runs in no reference environment on a
-    CPU machine, so nothing can be proven; refused, naming the line, nothing written."""
+def test_port_runs_code_written_for_gpus_with_cpu_stand_ins(tmp_path, capsys):
+    """The legacy fixture imports flash_attn unguarded (modeling_legacy.py:23) and, in this copy,
+    moves a buffer with .cuda() in __init__: it constructs only on a GPU machine as written. The
+    reference runs it with CPU stand-ins (a stub flash_attn whose callables raise, .cuda() a
+    no-op), none of which its forward reaches, so the forward proofs hold; every stand-in is listed
+    in the JSON and in PORT.md. Its attention ignores past_key_value (it has no working KV cache),
+    so the port's cached generate is held to the uncached decode and fails, output kept."""
     src = copy_fixture("legacy", tmp_path)
+    modeling = src / "modeling_legacy.py"
+    text = modeling.read_text()
+    anchor = "        self.norm = LegacyRMSNorm(config.hidden_size, eps=config.rms_norm_eps)\n        self.post_init()"
+    assert anchor in text
+    modeling.write_text(text.replace(anchor, anchor.replace("        self.post_init()",
+                                                            "        self.register_buffer('scale', torch.ones(1).cuda(), persistent=False)\n        self.post_init()")))
+    out = tmp_path / "legacy-ported"
+    code, result = port_json(src, out, capsys)
+    shims = result["reference"]["gpu_shims"]
+    assert "flash_attn.bert_padding" in shims["stubbed"] and shims["reached"] == []
+    assert shims["cuda_calls"] and shims["cuda_calls"][0].startswith("modeling_legacy.py:")
+    checks = {c["name"]: c for c in result["proof"]["checks"]}
+    assert checks["random weights, eager"]["ok"] and checks["random weights, sdpa"]["ok"]
+    assert code == 1 and result["status"] == "failed" and not checks["greedy generate, 4 tokens with the KV cache"]["ok"]
+    # the port itself drops the .cuda() (HFC814, which scan reports as a warning): it is proven on a CPU
+    assert [c["code"] for c in result["changes"] if "cuda" in c["what"]] == ["HFC814"]
+    assert ".cuda()" not in (out / "modeling_legacy.py").read_text()
+    assert rescan(result)["HFC814"][0] == "warn"
+    port_md = (out / "PORT.md").read_text()
+    assert "CPU stand-ins" in port_md and "`flash_attn.bert_padding`" in port_md and shims["cuda_calls"][0] in port_md
+
+
+def test_port_refuses_code_that_reaches_a_gpu_kernel(tmp_path, capsys):
+    """A forward that calls the stubbed flash_attn really needs a GPU: refused, naming the stub
+    and the line that called it; nothing written, the source untouched."""
+    src = copy_fixture("legacy", tmp_path)
+    modeling = src / "modeling_legacy.py"
+    text = modeling.read_text()
+    anchor = "        inputs_embeds = self.embed_tokens(input_ids)\n"
+    modeling.write_text(text.replace(anchor, anchor + "        inputs_embeds = pad_input(inputs_embeds, None, 1, 1)\n"))
+    line = modeling.read_text().splitlines().index("        inputs_embeds = pad_input(inputs_embeds, None, 1, 1)") + 1
+    before = {f.name: f.read_text() for f in src.iterdir()}
     out = tmp_path / "legacy-ported"
     code, result = port_json(src, out, capsys)
     assert code == 1 and result["status"] == "refused" and result["path"] == "refused"
-    assert "flash_attn" in result["message"] and "modeling_legacy.py:23" in result["message"]
+    assert "flash_attn.bert_padding.pad_input" in result["message"] and f"modeling_legacy.py:{line}" in result["message"]
     assert not out.exists()
-    for f in (FIXTURES / "legacy").iterdir():
-        assert (src / f.name).read_text() == f.read_text()
+    assert {f.name: f.read_text() for f in src.iterdir()} == before
 
 
 def test_port_fused_wqkv_retargets_with_checkpoint_and_serve(tmp_path, capsys):

@@ -203,6 +203,7 @@ def reference_summary(reference) -> dict[str, Any]:
         "error_at": run.error_at,
         "generate_error": run.result.get("generate_error"),
         "tried": reference.tried,
+        "gpu_shims": run.result.get("gpu_shims") if reference.gpu_shims else None,
     }
 
 

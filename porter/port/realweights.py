@@ -72,7 +72,8 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
     original_cfg = _set(_set(source.config, "layers", keep) if truncate else source.config, "vocab", rows)
     ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(2)]
     ref = run_reference(reference.env, source.code_files, source.config.get("auto_map") or {}, original_cfg, input_ids=ids, num_layers=keep,
-                        mode="checkpoint", checkpoint_dir=str(source.location), generate_tokens=0, timeout=timeout)
+                        mode="checkpoint", checkpoint_dir=str(source.location), generate_tokens=0, timeout=timeout,
+                        gpu_shims=reference.gpu_shims)
     if not ref.ok:
         return {"name": name, "ok": False, "detail": f"the original on its checkpoint: {ref.error}", "peak_rss_bytes": ref.peak_rss_bytes}
     job: dict[str, Any] = {"out_dir": str(out_dir), "ids": ids, "keep": keep, "rows": rows}

@@ -126,6 +126,14 @@ def _reference_md(result) -> list[str]:
              + (f", built in {r['built_seconds']} s" if r.get("built_seconds") else ", cached") + ").",
              f"It was built at a shrunk size with seeded random float32 weights: {_shrunk(r.get('tiny_config') or {})}. "
              f"That run took {r['run_seconds']} s at a peak of {_mib(r['peak_rss_bytes'])} resident.", ""]
+    shims = r.get("gpu_shims")
+    if shims:
+        lines += ["The original constructs only on a GPU machine as written, so it ran with CPU stand-ins that keep its function "
+                  "(a stand-in that is called fails the run, naming it; none was):", ""]
+        lines += [f"- `{name}`: a stub module (CUDA-only package, not installable on a CPU); every callable in it raises when called"
+                  for name in shims.get("stubbed") or []]
+        lines += [f"- `.cuda()` at `{site}`: left the tensor on the CPU" for site in shims.get("cuda_calls") or []]
+        lines.append("")
     if r.get("not_installed"):
         lines += [f"Not installed there (CUDA-only, guarded in the code): {', '.join(r['not_installed'])}.", ""]
     if r.get("tried"):

@@ -264,6 +264,7 @@ def main() -> None:
     stage = "importing torch and transformers"
     package_dir = os.path.join(root, "orig", PACKAGE)
     t_start = time.perf_counter()
+    shims = None
     try:
         import torch
         import transformers
@@ -272,6 +273,9 @@ def main() -> None:
         torch.set_num_threads(max(1, int(job.get("threads", 1))))
         result["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
         sys.path.insert(0, os.path.join(root, "orig"))
+        if job.get("gpu_shims"):  # an original that only constructs on a GPU machine (gpu_shims.py)
+            shims = _load_by_path("gpu_shims.py", "hfcheck_gpu_shims")
+            shims.install(torch, package_dir, job["gpu_shims"])
         fence.strict = True  # from here on, remote code runs
 
         def local(ref: str):
@@ -445,6 +449,8 @@ def main() -> None:
             result["error_at"] = where
         result["traceback"] = traceback.format_exc()[-3000:]
     result["seconds"] = round(time.perf_counter() - t_start, 3)
+    if shims is not None:
+        result["gpu_shims"] = shims.report()
     fence.strict = False
     if tensors:
         try:

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfcheck.analyzer.remote.checks.imports import CUDA_ONLY
+
 PIP_TIMEOUT_S = 900.0
 MANIFEST = "hfcheck-env.json"
 
@@ -50,6 +52,8 @@ PYPI_NAMES = {
 }
 # Imports that cannot be installed on a CPU machine (real code guards them); the reference
 # run goes without them, as a CPU user's would.
+GPU_ONLY = sorted(set(CUDA_ONLY) | {"bitsandbytes", "deepspeed", "auto_gptq", "awq", "torch_npu", "habana_frameworks"})
+"""Packages with GPU kernels (or for other accelerators): never installable here; ``gpu_shims`` stubs them."""
 NOT_INSTALLABLE = {"flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "mamba_ssm", "causal_conv1d",
                    "selective_scan_cuda", "fla", "triton", "apex", "fused_dense_lib", "rotary_emb", "bitsandbytes",
                    "deepspeed", "auto_gptq", "awq", "vllm", "torch", "transformers", "torch_npu", "habana_frameworks"}

@@ -45,6 +45,7 @@ class Reference:
     input_ids: list[list[int]]
     run: ReferenceRun
     tried: list[str] = field(default_factory=list)
+    gpu_shims: bool = False  # the original only constructs with gpu_shims.py's CPU stand-ins (every later run of it too)
 
     @property
     def num_layers(self) -> int:
@@ -143,16 +144,33 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             continue
         if log:
             log(f"running the original in transformers {release} ({env.path.name})")
-        run = run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
-                            seed=seed, meta_config=config, timeout=timeout)
+        shims = False
+
+        def run_original(tiny=tiny, shims=False):
+            return run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
+                                 seed=seed, meta_config=config, timeout=timeout, gpu_shims=shims)
+
+        run = run_original()
         real_head_dim = _real_head_dim(config)
         if not run.ok and _is_shape_failure(run) and real_head_dim and real_head_dim != head_dim:
             # code that hard-codes the head size (Falcon-40B's `view(..., 64)`): shrink everything else
             if log:
                 log(f"the original fails at head dim {head_dim} ({run.error}); again at its real head dim {real_head_dim}")
             tiny = shrink_config(config, head_dim=real_head_dim)
-            run = run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
-                                seed=seed, meta_config=config, timeout=timeout)
+            run = run_original(tiny)
+        needs = _needs_a_gpu(run)
+        if needs:
+            # written for GPUs: constructed and run again with CPU stand-ins that keep its function (gpu_shims.py)
+            if log:
+                log(f"the original needs {needs} to construct; again with CPU stand-ins for CUDA-only packages and .cuda()")
+            shimmed = run_original(tiny, shims=True)
+            reached = (shimmed.result.get("gpu_shims") or {}).get("reached") or []
+            if reached:
+                where = shimmed.error_at
+                at = f" ({where['file']}:{where['line']}: `{where['code']}`)" if where else ""
+                raise ReferenceError(f"the original calls {reached[0]}{at}, a CUDA-only kernel, on the path a CPU takes: it really needs a GPU, "
+                                     "so nothing can be proven against it here")
+            run, shims = shimmed, True
         undeclared = not release_of(str(config.get("transformers_version") or ""))
         missing = _missing_uninstallable(run)
         if missing:
@@ -163,7 +181,7 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
         if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or undeclared or n > 0):
             tried.append(f"transformers {release}: {run.error}")
             continue
-        return Reference(env, why, packages, not_installed, tiny, ids, run, tried)
+        return Reference(env, why, packages, not_installed, tiny, ids, run, tried, shims)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
 
 
@@ -191,6 +209,22 @@ def _missing_uninstallable(run: ReferenceRun) -> str | None:
     m = re.search(r"No module named '([\w.]+)'", run.error or "")
     top = m.group(1).split(".")[0] if m else None
     return top if top in NOT_INSTALLABLE and top not in ("torch", "transformers") else None
+
+
+def _needs_a_gpu(run: ReferenceRun) -> str | None:
+    """What stopped an original that constructs only on a GPU machine: an unguarded import of a
+    CUDA-only package, or a ``.cuda()`` / CUDA assertion on a torch built without CUDA."""
+    if run.ok:
+        return None
+    missing = _missing_uninstallable(run)
+    if missing:
+        return f"{missing} (a CUDA-only package)"
+    text = run.error or ""
+    if "not compiled with CUDA" in text or "Found no NVIDIA driver" in text or "CUDA driver" in text:
+        return "CUDA (`.cuda()` or a CUDA device)"
+    if "flash_attn" in text or "flash-attn" in text or "flash attention" in text.lower():
+        return "flash-attn (asserted by the code)"
+    return None
 
 
 def _is_import_failure(run: ReferenceRun) -> bool:

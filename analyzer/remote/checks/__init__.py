@@ -13,7 +13,7 @@ One module per check family, each with the rules that document its codes beside 
   flag, layer_idx, is_causal);
 - ``moe``: HFC808 (experts layout);
 - ``pipeline``: HFC809-810 (ModuleLists, submodule reads);
-- ``imports``: HFC811-812 (removed transformers APIs, packages the serving environment lacks);
+- ``imports``: HFC811-812, HFC814 (removed transformers APIs, packages the serving environment lacks, `.cuda()`);
 - ``packed_qkv``: HFC813 (the packed projection's split);
 - ``security``: HFC820-825 (red flags).
 
@@ -47,6 +47,7 @@ from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.checks.files import check_parsed
 from hfcheck.analyzer.remote.checks.imports import (
     CUDA_ONLY,
+    check_device_placement,
     check_packages,
     check_removed_apis,
     installed,
@@ -92,6 +93,7 @@ def run_checks(index: CodeIndex, config: dict[str, Any], missing: Iterable[str] 
         lambda: check_pipeline(index, roles),
         lambda: check_removed_apis(index),
         lambda: check_packages(index),
+        lambda: check_device_placement(index),
         lambda: check_fused_qkv(index, roles),
         lambda: check_security(index),
     )

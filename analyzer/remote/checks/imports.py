@@ -1,5 +1,6 @@
 """What the code imports, judged where it runs (the modelled vLLM release's environment):
-HFC811 transformers APIs removed by v5, HFC812 packages that environment lacks and custom kernels."""
+HFC811 transformers APIs removed by v5, HFC812 packages that environment lacks and custom kernels,
+HFC814 model code that moves tensors to CUDA itself."""
 
 from __future__ import annotations
 
@@ -137,6 +138,25 @@ def check_packages(index: CodeIndex) -> Iterator[CodeFinding]:
         yield CodeFinding("HFC812", "pass", None, None, f"every unconditional import is in {env.label}; no custom kernel")
 
 
+# --------------------------------------------------------------------------- HFC814: .cuda()
+
+
+def cuda_calls(file: FileIndex) -> list[ast.Call]:
+    """``x.cuda(...)`` calls in a file (any receiver): the model code picks the device itself."""
+    if file.tree is None:
+        return []
+    return [n for n in ast.walk(file.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "cuda"]
+
+
+def check_device_placement(index: CodeIndex) -> Iterator[CodeFinding]:
+    for file in index.files.values():
+        for call in cuda_calls(file):
+            yield CodeFinding("HFC814", "warn", file.path, call.lineno,
+                              f"{ast.unparse(call)[:80]} moves a tensor to CUDA {where_in(file, call)}: the model cannot be built where torch has no CUDA "
+                              "(vLLM's CPU build, a CPU-only from_pretrained)",
+                              "Drop the .cuda(): build tensors on the device of an existing parameter or buffer, or let the loader place the model.")
+
+
 # --------------------------------------------------------------------------- the codes, documented
 
 
@@ -175,4 +195,19 @@ class UnavailablePackages(RemoteCodeRule):
     none = None
 
 
-RULES = (RemovedTransformersAPI, UnavailablePackages,)
+class DevicePlacement(RemoteCodeRule):
+    code = "HFC814"
+    name = "remote-cuda-placement"
+    impact = "blocker"
+    what = "Model code that moves tensors to CUDA itself (`.cuda()`), typically rotary tables in `__init__`."
+    why = (
+        "A loader places the model: transformers by device_map, vLLM by building it under its device. A `.cuda()` in the "
+        "code pins one device and raises 'Torch not compiled with CUDA enabled' wherever torch has no CUDA, so the model "
+        "cannot be built on vLLM's CPU build or on a CPU machine at all."
+    )
+    example = "self.inv_freq = (1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))).cuda()"
+    fix = "Drop the `.cuda()`; register the tensor as a buffer so that it follows the module, or create it on `x.device` in forward."
+    none = None
+
+
+RULES = (RemovedTransformersAPI, UnavailablePackages, DevicePlacement,)

@@ -8,7 +8,7 @@ they were. A codemod records a ``Change`` per edit (finding code, where, what, w
 
 Order matters: attention first (it removes direct flash/SDPA calls, so the import clean-up
 that follows can drop the imports they needed), then the removed v4 APIs and unguarded
-imports, config key aliases v5 reads, the tied parameters v5 ties only when declared, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
+imports, the `.cuda()` calls the loader makes needless, config key aliases v5 reads, the tied parameters v5 ties only when declared, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
 qkv fusion, the backend
 flag (only once every attention module dispatches), the fused q/k/v split, the experts, the
 decoder-layer lists, the v5 buffer initialisation, and last the parallel plans, read off the final module structure.
@@ -20,6 +20,7 @@ from hfcheck.porter.port.codemods.attention import AttentionInterface
 from hfcheck.porter.port.codemods.backend_flag import BackendFlag
 from hfcheck.porter.port.codemods.buffers import BufferInit
 from hfcheck.porter.port.codemods.config_aliases import ConfigAliases
+from hfcheck.porter.port.codemods.device_placement import DevicePlacement
 from hfcheck.porter.port.codemods.experts import ExpertsLayout
 from hfcheck.porter.port.codemods.generation import GenerationBase, TupleCache
 from hfcheck.porter.port.codemods.kwargs import KwargsPropagation
@@ -36,6 +37,7 @@ CODEMODS = (
     AttentionInterface,
     RemovedApis,
     HeadMask,
+    DevicePlacement,
     ConfigAliases,
     TiedWeights,
     GenerationBase,
