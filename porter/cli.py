@@ -32,8 +32,10 @@ def add_parser(subparsers) -> None:
     port.add_argument("--timeout", type=float, default=300.0, metavar="S", help="seconds the proof process may run")
     port.add_argument("--reference-transformers", metavar="VERSION", default=None,
                       help="run the original in this transformers release (default: the transformers_version its config.json declares)")
-    port.add_argument("--path", choices=("auto", "rewrite"), default="auto",
-                      help="auto: retarget to a native class where one reproduces the original, else rewrite in place; "
+    port.add_argument("--path", choices=("auto", "backend", "rewrite"), default="auto",
+                      help="auto: say so and stop where vLLM serves the model natively, else port for the transformers backend; "
+                           "backend: port for the transformers backend even so (retarget to a native transformers class where one "
+                           "reproduces the original, else rewrite in place); "
                            "rewrite: always rewrite the remote code in place (keeps its extra methods, e.g. chat helpers)")
     port.set_defaults(handler=run)
     serve = subparsers.add_parser("serve", help="smoke-serve a model folder: real OpenAI-compatible server, one greedy completion, compared with transformers")

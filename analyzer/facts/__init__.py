@@ -56,6 +56,8 @@ class ModelFacts:
     max_position_embeddings: int | None = None
     routed_scaling_factor: float = 1.0
     vllm_native: bool | None = None
+    vllm_native_mismatch: str | None = None
+    """Why vLLM's native class of this name does not compute this model (``native_fit``): None when it does."""
     vllm_table_version: str = V.VLLM_VERSION_MODELLED
     multimodal: bool = False
     """The config nests its text config (``config.get_text_config() is not config``): what vLLM
@@ -256,6 +258,13 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     if not isinstance(quant, dict):
         quant = {}
     native, table_version = vllm_has_native(list(config.get("architectures") or []))
+    mismatch = None
+    if native and config.get("auto_map"):  # a Hub repo's own code under a registry name: is it the generation vLLM implements?
+        from hfcheck.analyzer.facts.native_fit import native_fit
+
+        fit = native_fit(str((config.get("architectures") or [""])[0]), config)
+        if fit is not None and not fit.fits:
+            native, mismatch = False, fit.describe()
     types = derive_layer_types(text)
     facts = ModelFacts(
         model_type=str(model_type or ""),
@@ -290,6 +299,7 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         max_position_embeddings=_count(get("max_position_embeddings", "seq_length", "n_positions")),
         routed_scaling_factor=_scaling(get("routed_scaling_factor", default=1.0)),
         vllm_native=native,
+        vllm_native_mismatch=mismatch,
         vllm_table_version=table_version,
         multimodal=is_multimodal(config, cfg_obj),
         towers=tower_keys(config, cfg_obj),

@@ -119,6 +119,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
             "architectures": facts.architectures,
             "remote_code": bool(facts.auto_map),
             "vllm_native": facts.vllm_native,
+            "vllm_native_mismatch": facts.vllm_native_mismatch,
             "parameters": mem.parameters if mem else None,
             "multimodal": facts.multimodal,
             "towers": facts.towers,
@@ -215,6 +216,7 @@ def serve_note(analysis: Analysis, implementation: str | None, blockers: list[st
         return (f"vLLM's native implementation of {archs} (vLLM {facts.vllm_table_version} registry; the default --model-impl auto "
                 f"picks it); the transformers backend (--model-impl transformers) cannot serve it: {why}")
     native = ("and no architecture is named, so vLLM has no native implementation to use" if facts.vllm_native is None
+              else f"and vLLM's native class of that name is not this model: {facts.vllm_native_mismatch}" if facts.vllm_native_mismatch
               else f"and vLLM has no native implementation of {archs} (vLLM {facts.vllm_table_version} registry)")
     return f"vLLM's transformers backend cannot serve it ({why}) {native}"
 

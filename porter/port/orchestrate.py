@@ -50,7 +50,7 @@ class PortError(Exception):
 
 @dataclass
 class PortResult:
-    status: str  # "ported" | "nothing_to_port" | "refused" | "failed"
+    status: str  # "ported" | "nothing_to_port" | "served_natively" | "refused" | "failed"
     message: str
     src: str
     out: str | None
@@ -71,7 +71,7 @@ class PortResult:
 
     @property
     def exit_code(self) -> int:
-        if self.status in ("ported", "nothing_to_port"):
+        if self.status in ("ported", "nothing_to_port", "served_natively"):
             return EXIT_OK if (self.serve is None or self.serve.get("ok")) else EXIT_REFUSED
         return EXIT_REFUSED
 
@@ -119,6 +119,17 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
                           f"(model_type {facts.model_type!r}): its code is transformers' own, so there is nothing to port and nothing was written "
                           f"(hfcheck scan: {report['verdict']}, {report['score']}/100)")
         return result
+    native = served_natively(facts, source)
+    if native is not None:
+        fits, why = native
+        model["vllm_native"] = fits
+        if not fits:
+            model["vllm_native_mismatch"] = why
+        elif path == "auto":
+            result.status, result.path = "served_natively", "native"
+            result.message = (f"{why}: `vllm serve {src} --trust-remote-code` runs it as it is, so nothing was ported or written; "
+                              "--path backend ports it for the transformers backend anyway (--path rewrite: in place)")
+            return result
     if source.missing_code:
         raise PortError(f"{src}: remote code not available: {'; '.join(source.missing_code)}")
     broken = _unparsable(source)
@@ -155,7 +166,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     from hfcheck.porter.port.retarget_path import find_retarget
 
     t1 = time.perf_counter()
-    outcome = find_retarget(reference) if path == "auto" else None
+    outcome = find_retarget(reference) if path in ("auto", "backend") else None
     result.seconds["retarget_search"] = round(time.perf_counter() - t1, 2)
     result.retarget = outcome.to_dict() if outcome is not None else {"skipped": "--path rewrite"}
     if outcome is not None and outcome.found is not None:
@@ -432,6 +443,34 @@ def _err(check: dict) -> str:
 # ---------------------------------------------------------------------- decisions
 
 
+def served_natively(facts, source) -> tuple[bool, str] | None:
+    """Whether vLLM's native class of this architecture name computes the model (None: vLLM
+    has no native class of that name). Judged with the remote config class's own attributes
+    beside config.json's keys (``native_fit``): a registry name kept for another generation of
+    the architecture (ChatGLM-6B v1 under ``ChatGLMModel``) is not served natively."""
+    from hfcheck.analyzer.facts import vllm_has_native
+    from hfcheck.analyzer.facts.native_fit import native_fit
+    from hfcheck.analyzer.remote.index import CodeIndex
+
+    archs = list(source.config.get("architectures") or [])
+    native, version = vllm_has_native(archs)
+    if not native:
+        return None
+    arch = archs[0]
+    keys: set[str] = set()
+    ref = (source.config.get("auto_map") or {}).get("AutoConfig")
+    if isinstance(ref, str) and "." in ref:
+        module, _, name = ref.partition("--")[2].rpartition(".") if "--" in ref else ref.rpartition(".")
+        index = CodeIndex(dict(source.code_files))
+        file = index.by_module.get(module.rpartition(".")[2])
+        cls = file.classes.get(name) if file is not None else None
+        keys = set(cls.self_assigns) if cls is not None else set()
+    fit = native_fit(arch, source.config, keys)
+    if fit is not None and not fit.fits:
+        return False, fit.describe()
+    return True, f"vLLM {version} serves {arch} with its own native implementation"
+
+
 def _model_refusal(facts, source, static_findings) -> str | None:
     from hfcheck.analyzer import vocabulary as V
 
@@ -451,9 +490,10 @@ def _model_refusal(facts, source, static_findings) -> str | None:
     if unsafe:
         f = unsafe[0]
         return f"refused: the code acts at import time ({f.code} {f.file}:{f.line}: {f.message}); review and remove it before porting"
-    ssm = [f for f in findings if f.code == "HFC811" and "MambaCache" in f.message]
-    if ssm:
-        return f"cannot be ported: the code uses MambaCache (recurrent/SSM layers): {NOT_SOFTMAX_WHY}"
+    layers = [f for f in findings if f.code == "HFC815" and f.status == "fail"]
+    if layers:
+        where = "; ".join(f"{f.file}:{f.line}: " + f.message.split(": vLLM's")[0].removeprefix("the code computes ") for f in layers)
+        return f"cannot be ported: the code computes layers that are not softmax attention ({where}): {NOT_SOFTMAX_WHY}"
     return None
 
 

@@ -29,7 +29,8 @@ def _mib(value: Any) -> str:
 
 def head_word(result) -> str:
     return {"ported": "ported and proven" if result.proof and result.proof.get("ok") else "ported",
-            "failed": "ported, NOT proven", "refused": "refused", "nothing_to_port": "nothing to port"}[result.status]
+            "failed": "ported, NOT proven", "refused": "refused", "nothing_to_port": "nothing to port",
+            "served_natively": "served natively by vLLM"}[result.status]
 
 
 def render_markdown(result) -> str:
@@ -242,7 +243,7 @@ def render_text(result, console=None) -> None:
     from rich.text import Text
 
     console = console or Console()
-    style = {"ported": "bold green", "nothing_to_port": "bold cyan", "refused": "bold red", "failed": "bold red"}[result.status]
+    style = {"ported": "bold green", "nothing_to_port": "bold cyan", "served_natively": "bold cyan", "refused": "bold red", "failed": "bold red"}[result.status]
     head = Text()
     head.append(result.status.replace("_", " ").upper(), style=style)
     head.append(f"  {result.src}" + (f" -> {result.out}" if result.status in ("ported", "failed") else ""))

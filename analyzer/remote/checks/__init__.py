@@ -14,6 +14,7 @@ One module per check family, each with the rules that document its codes beside 
 - ``moe``: HFC808 (experts layout);
 - ``pipeline``: HFC809-810 (ModuleLists, submodule reads);
 - ``imports``: HFC811-812, HFC814 (removed transformers APIs, packages the serving environment lacks, `.cuda()`);
+- ``layers``: HFC815 (long convolutions, state-space mixers, linear attention: no softmax);
 - ``packed_qkv``: HFC813 (the packed projection's split);
 - ``security``: HFC820-825 (red flags).
 
@@ -31,6 +32,7 @@ from hfcheck.analyzer.remote.checks import (
     attention,
     files,
     imports,
+    layers,
     moe,
     packed_qkv,
     pipeline,
@@ -53,6 +55,7 @@ from hfcheck.analyzer.remote.checks.imports import (
     installed,
     unguarded_imports,
 )
+from hfcheck.analyzer.remote.checks.layers import check_layer_kinds
 from hfcheck.analyzer.remote.checks.moe import check_moe, counts_experts, looks_swapped, param_rank
 from hfcheck.analyzer.remote.checks.packed_qkv import PACKED_NAME, check_fused_qkv
 from hfcheck.analyzer.remote.checks.pipeline import check_pipeline
@@ -66,7 +69,7 @@ from hfcheck.analyzer.remote.roles import Roles, auto_map_classes, find_roles
 _is_call_to, _installed, _auto_map_classes, _PACKED_NAME = is_call_to, installed, auto_map_classes, PACKED_NAME
 _counts_experts, _looks_swapped, _param_rank = counts_experts, looks_swapped, param_rank
 
-FAMILIES = (files, attention, moe, pipeline, imports, packed_qkv, security)
+FAMILIES = (files, attention, moe, pipeline, imports, layers, packed_qkv, security)
 
 RULES: tuple[type[RemoteCodeRule], ...] = tuple(sorted((r for f in FAMILIES for r in f.RULES), key=lambda r: r.code))
 """Every static remote-code rule, in code order (``rules/remote_code.py`` adds HFC830)."""
@@ -95,6 +98,7 @@ def run_checks(index: CodeIndex, config: dict[str, Any], missing: Iterable[str] 
         lambda: check_packages(index),
         lambda: check_device_placement(index),
         lambda: check_fused_qkv(index, roles),
+        lambda: check_layer_kinds(index),
         lambda: check_security(index),
     )
     for step in steps:
