@@ -3,7 +3,11 @@
 Every ``gone_in`` / ``last_seen`` pair was read from the published wheels (the file or the
 definition is present in ``last_seen`` and absent in ``gone_in``): 4.47.1, 4.48.0, 4.52.4,
 4.53.0, 4.54.0, 4.55.0, 4.57.6, 5.0.0, 5.2.0, 5.3.0, 5.4.0, 5.5.0, 5.10.1, 5.20.2, 5.22.0,
-5.23.0, 5.24.0. Whether the *installed* transformers still has each one is asked at run time
+5.23.0, 5.24.0. Beside them, ``data/transformers_removed.json`` (``scripts/generate_removed_apis.py``) holds
+every module and public name of the modules remote code imports from that 4.57.6 had and a
+5.x release lacks, read off the releases themselves: an import the curated entries do not
+know is matched there (``generated``), with the first surveyed release that lacks it.
+Whether the *installed* transformers still has each one is asked at run time
 (``installed_has``): a module is looked up with ``importlib.util.find_spec`` and a name with
 ``getattr`` on the installed, trusted transformers; the remote files are never imported.
 """
@@ -12,8 +16,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,27 @@ REMOVED: tuple[RemovedAPI, ...] = (
 )
 
 _ATTR_OWNER = "transformers.cache_utils.DynamicCache"
+GENERATED_REPLACEMENT = "no drop-in replacement is recorded: see transformers' v5 migration guide (MIGRATION_GUIDE_V5.md) for its successor"
+
+
+@cache
+def generated_table() -> dict[str, Any]:
+    return json.loads(resources.files("hfcheck.analyzer").joinpath("data/transformers_removed.json").read_text())
+
+
+def _generated(module: str, name: str | None) -> RemovedAPI | None:
+    """An import of a module or name the releases show removed (``data/transformers_removed.json``)."""
+    table = generated_table()
+    parts = module.split(".")
+    for i in range(len(parts), 0, -1):  # the module itself, or a package above it, is gone
+        span = table["modules"].get(".".join(parts[:i]))
+        if span:
+            return RemovedAPI("module", (".".join(parts[:i]),), span[1], span[0], GENERATED_REPLACEMENT)
+    if name:
+        span = (table["names"].get(module) or {}).get(name)
+        if span:
+            return RemovedAPI("name", (f"{module}.{name}",), span[1], span[0], GENERATED_REPLACEMENT)
+    return None
 
 
 @cache
@@ -93,7 +121,7 @@ def match_import(module: str, name: str | None) -> RemovedAPI | None:
             return api
         if api.kind == "name" and qualified in api.names:
             return api
-    return None
+    return _generated(module, name) if module == "transformers" or module.startswith("transformers.") else None
 
 
 def match_attribute(attr: str) -> RemovedAPI | None:

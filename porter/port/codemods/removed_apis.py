@@ -13,6 +13,10 @@
 - an unconditional import of a CUDA-only package that is not installed (flash_attn, xformers, ...)
   is deleted when nothing uses what it binds, else guarded (``if is_flash_attn_2_available():``,
   or ``try/except ImportError``), which transformers' ``check_imports`` skips.
+Any other removed import (the releases' own table, ``data/transformers_removed.json``) is
+dropped when nothing uses it, re-imported from the top level where transformers 5 still
+exports the name there (``transformers.tokenization_utils.PreTrainedTokenizer`` ->
+``transformers.PreTrainedTokenizer``), else refused naming it.
 ``MambaCache`` and other unknown helpers are refused: a model that needs them has recurrent
 layers vLLM does not serve through this backend.
 """
@@ -30,6 +34,16 @@ from hfcheck.porter.port.codemods.base import Codemod, parse, save
 MASK_HELPERS = {"_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa"}
 CACHE_PARAMS = ("past_key_values", "cache", "past_key_value", "layer_past")
 WHY_IMPORT = "the import fails on transformers >= 5.24 before any model exists (ImportError when transformers loads the code)"
+
+
+def _at_top_level(name: str) -> bool:
+    """Does the installed (trusted) transformers still export ``name`` at its top level?"""
+    import transformers
+
+    try:
+        return getattr(transformers, name, None) is not None
+    except Exception:  # noqa: BLE001 - a lazy name whose module no longer imports: not there
+        return False
 
 
 class RemovedApis(Codemod):
@@ -91,8 +105,12 @@ class RemovedApis(Codemod):
                     renames[local] = "LlamaAttention"
                     replacement.append(cu.stmt("from transformers.models.llama.modeling_llama import LlamaAttention\n"))
                     state.change("HFC811", file, "imports", f"{name} -> LlamaAttention (dispatches through the attention interface)", WHY_IMPORT)
-                elif label == "transformers.utils.fx" and cu.count_name(module, local) == 0:
+                elif cu.count_name(module, local) == 0:
                     state.change("HFC811", file, "imports", f"dropped the unused import of {mod}.{name}", WHY_IMPORT)
+                elif name and _at_top_level(name):
+                    as_local = f" as {local}" if local != name else ""
+                    replacement.append(cu.stmt(f"from transformers import {name}{as_local}\n"))
+                    state.change("HFC811", file, "imports", f"{mod}.{name} -> transformers.{name} (it moved: the top level still exports it)", WHY_IMPORT)
                 else:
                     keep.append(alias)
                     state.refuse("HFC811", file, "imports", f"{mod}.{name}: {api.replacement} (not rewritten automatically)")
