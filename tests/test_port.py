@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -307,6 +308,74 @@ def test_linear_attention_is_refused(tmp_path, capsys):
     assert code == 1
     assert "REFUSED" in text and "linear_attention" in text and "not softmax attention" in text
     assert not out.exists()
+
+
+PUBLISHED = Path(__file__).parent / "fixtures" / "remote-published"
+
+
+def port_error(capsys, *argv: str) -> str:
+    """The one error line of a command that must end with exit code 2 (the ``hfcheck:`` prefix dropped)."""
+    from hfcheck.porter.cli import main
+
+    code = main(list(argv))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, (code, err)
+    return err[0].removeprefix("hfcheck: error: ")
+
+
+def test_ssm_heads_beside_attention_are_refused_at_their_line(tmp_path, capsys):
+    """Hymba (real code): attention heads beside Mamba heads in every layer. Refused before
+    anything runs, naming the construct where the code has it, as scan's HFC815 does."""
+    src = PUBLISHED / "hymba-1.5b-base"
+    lines = (src / "modeling_hymba.py").read_text().splitlines()
+    code, result = port_json(src, tmp_path / "out", capsys)
+    assert code == 1 and result["status"] == "refused", result
+    message = result["message"]
+    assert "not softmax attention" in message and "modeling_hymba.py:" in message
+    named = re.findall(r"modeling_hymba\.py:(\d+): [^`]*`([^`]+)`", message)  # line, the construct as the code spells it
+    assert len(named) == 2, message  # mamba_ssm's selective scan and causal_conv1d
+    for number, construct in named:
+        assert construct in lines[int(number) - 1], (number, construct)
+    assert "state-space" in message
+    assert not (tmp_path / "out").exists()
+
+    report = json.loads(subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(src), "--format", "json"],
+                                       capture_output=True, text=True, check=False).stdout)
+    hfc815 = [(c["details"]["file"], c["details"]["line"]) for c in report["checks"] if c["code"] == "HFC815" and c["status"] == "fail"]
+    assert hfc815 and all(f"{file}:{line}" in message for file, line in hfc815)
+
+
+def test_a_model_vllm_serves_natively_is_not_ported_unless_asked(tmp_path, capsys):
+    """ChatGLM3-6B (real code): vLLM's ChatGLMModel is this network. port says so, writes
+    nothing and gives the command; --path backend goes on to port it."""
+    src = PUBLISHED / "chatglm3-6b"
+    out = tmp_path / "out"
+    code, result = port_json(src, out, capsys)
+    assert code == 0 and result["status"] == "served_natively" and result["path"] == "native", result
+    assert f"vllm serve {src} --trust-remote-code" in result["message"] and "--path backend" in result["message"]
+    assert result["model"].get("vllm_native") is True
+    assert not out.exists()
+    assert port_error(capsys, "port", str(src), "--path", "backend") == "--out DIR is required to write the ported model"  # went past it
+
+
+def test_a_registry_name_kept_for_another_generation_is_not_native(tmp_path, capsys):
+    """ChatGLM-6B v1 (real code) carries ``ChatGLMModel``, the name vLLM registers its
+    ChatGLM2/3 class under; v1's config lacks the keys that class is written against, so it is
+    not served natively: scan says why and port goes on to port it."""
+    src = PUBLISHED / "chatglm-6b"
+    report = json.loads(subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(src), "--format", "json"],
+                                       capture_output=True, text=True, check=False).stdout)
+    model = report["model"]
+    assert model["vllm_native"] is False
+    why = model["vllm_native_mismatch"]
+    assert "ChatGLMModel" in why and "another generation" in why
+    config = json.loads((src / "config.json").read_text())
+    absent = why.split(" reads ", 1)[1].split(", which", 1)[0].split(", ")
+    assert len(absent) >= 2 and not any(key.split(" ")[0] in config for key in absent)
+    assert port_error(capsys, "port", str(src)) == "--out DIR is required to write the ported model"  # not stopped as native
+    # the generation vLLM implements, beside it: nothing absent
+    assert json.loads(subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(PUBLISHED / "chatglm3-6b"), "--format", "json"],
+                                     capture_output=True, text=True, check=False).stdout)["model"].get("vllm_native_mismatch") is None
 
 
 def test_non_empty_output_folder_is_an_error(tmp_path, capsys):
