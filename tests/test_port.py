@@ -224,6 +224,34 @@ def test_port_fused_wqkv_retargets_with_checkpoint_and_serve(tmp_path, capsys):
     assert gone(serve["server_pid"])
 
 
+def test_port_retargets_a_sequential_parallel_block_model_to_phi(tmp_path, capsys):
+    """MixFormer's anatomy (embedding, parallel blocks and head in one nn.Sequential, one
+    LayerNorm per block, packed biased Wqkv, partial rotary, a biased head): the layers are
+    found inside the Sequential and transformers' PhiForCausalLM is proven to be the same
+    network, on random weights and on the converted checkpoint cut to 2 of its 3 layers (the
+    head's index in the Sequential moves with the cut)."""
+    src = copy_fixture("sequential", tmp_path)
+    write_checkpoint(src)
+    out = tmp_path / "out"
+    code, result = port_json(src, out, capsys)
+    assert code == 0 and result["status"] == "ported" and result["path"] == "retarget", result["message"]
+    assert result["retarget"]["target"] == "PhiForCausalLM"
+    assert result["retarget"]["choices"]["q/k/v"] == "mixer.Wqkv packed, contiguous rows"
+    assert_proven(result)
+    real = [c for c in result["proof"]["checks"] if c["name"].startswith("real weights (2 of 3 layers")]
+    assert real and real[0]["ok"] and real[0]["max_rel_error"] < 1e-4, result["proof"]["checks"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_parameters"]["partial_rotary_factor"] == 0.5 and config["intermediate_size"] == 1024
+    plan = {r["out"]: r for r in json.loads((out / "weight_plan.json").read_text())["recipes"]}
+    assert plan["lm_head.bias"]["src"] == "layers.{n+1}.linear.bias" and plan["model.layers.{i}.mlp.fc1.weight"]["src"] == "layers.{i+1}.mlp.fc1.weight"
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f, safe_open(str(src / "model.safetensors"), "pt") as g:
+        assert f.get_tensor("lm_head.bias").equal(g.get_tensor("layers.4.linear.bias"))  # the full model's head: index 3 + 1
+        assert f.get_tensor("model.layers.2.mlp.fc2.weight").equal(g.get_tensor("layers.3.mlp.fc2.weight"))
+    assert result["served"]["how"] == "transformers-backend" and "native-speed" in result["served"]["summary"]
+
+
 def test_port_experts_stacks_the_checkpoint(tmp_path, capsys):
     src = copy_fixture("experts", tmp_path)
     write_checkpoint(src)
@@ -644,3 +672,26 @@ def test_a_defect_in_the_porter_is_one_line_naming_the_step(tmp_path, capsys, mo
     assert code == 2 and len(err) == 1, err
     assert "port failed in port (orchestrate.py:" in err[0] and "KeyError: 'type'" in err[0] and "Traceback" not in err[0]
     assert not out.exists() and "removed" in err[0]
+
+
+def test_codegen2_is_retargeted_to_gptj_which_vllm_serves_natively(tmp_path, capsys):
+    """CodeGen2-1B (real code, transformers 4.25.1): parallel blocks, one qkv_proj holding 8
+    blocks of heads each ordered [q, v, k] (its hard-coded ``mp_num = 8``, which fails at 4 heads:
+    the reference runs again with all 16), rotary computed in the forward pass (no buffer: the
+    config's rotary_dim). transformers' own CodeGen class does not reproduce it; GPT-J does,
+    and vLLM runs GPT-J natively, so that is the target."""
+    src = PUBLISHED / "codegen2-1b"
+    out = tmp_path / "out"
+    code, result = port_json(src, out, capsys)
+    assert code == 0 and result["status"] == "ported" and result["path"] == "retarget", result["message"]
+    assert result["reference"]["transformers"] == "4.25.1"
+    assert result["retarget"]["target"] == "GPTJForCausalLM"
+    assert result["retarget"]["choices"]["q/k/v"] == "attn.qkv_proj packed, 8 blocks of heads, each [q, v, k]"
+    assert_proven(result)
+    assert result["served"]["how"] == "vllm-native" and result["served"]["command"] == f"vllm serve {out}"
+    config = json.loads((out / "config.json").read_text())
+    from transformers import AutoConfig
+
+    native = AutoConfig.from_pretrained(out)  # as vLLM reads it
+    assert native.model_type == "gptj" and native.rotary_dim == 64 and native.n_embd == 2048 and native.n_layer == 16 and native.n_head == 16
+    assert "auto_map" not in config and not list(out.glob("modeling_*.py"))

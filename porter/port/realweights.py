@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,14 +34,24 @@ VOCAB_ROWS = 2048
 SEQUENCE = 12
 
 
-def truncation(meta_params: dict[str, list[int]], layers_path: str, layers: int, vocab: int, hidden: int) -> tuple[int, int, int]:
+def truncation(meta_params: dict[str, list[int]], layers_path: str, layers: int, vocab: int, hidden: int, offset: int = 0) -> tuple[int, int, int]:
     """(layers kept, vocabulary rows kept, bytes of one float32 layer)."""
-    prefix = f"{layers_path}.0."
+    prefix = f"{layers_path}.{offset}."
     layer_bytes = 4 * sum(math.prod(shape) for key, shape in meta_params.items() if key.startswith(prefix))
     rows = min(vocab, VOCAB_ROWS)
     room = TENSOR_BUDGET_BYTES - 2 * 4 * rows * hidden
     keep = 0 if layer_bytes <= 0 else max(0, min(2, layers, room // layer_bytes))
     return int(keep), rows, layer_bytes
+
+
+def _moved_after_layers(meta_params: dict[str, list[int]], layers_path: str, offset: int, layers: int, keep: int) -> list[tuple[str, str]]:
+    """Where the layers share an nn.Sequential with what follows them (MixFormer's head), the
+    truncated model's index of each such module against the checkpoint's."""
+    if not offset or keep >= layers:
+        return []
+    pattern = re.compile(re.escape(layers_path) + r"\.(\d+)\.")
+    after = sorted({int(m.group(1)) for k in meta_params if (m := pattern.match(k)) and int(m.group(1)) >= offset + layers})
+    return [(f"{layers_path}.{i - layers + keep}.", f"{layers_path}.{i}.") for i in after]
 
 
 def _set(config: dict[str, Any], kind: str, value: int) -> dict[str, Any]:
@@ -63,7 +74,8 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
     name = "real weights (first layers and vocabulary rows of the checkpoint)"
     if not (meta and layers_path and isinstance(full_layers, int) and isinstance(vocab, int) and isinstance(hidden, int)):
         return {"name": name, "ok": False, "skipped": True, "detail": "not run: the full-size shapes of the original are unknown (no meta build)"}
-    keep, rows, layer_bytes = truncation(meta, layers_path, full_layers, vocab, hidden)
+    offset = int(run.result.get("layers_offset") or 0)
+    keep, rows, layer_bytes = truncation(meta, layers_path, full_layers, vocab, hidden, offset)
     if keep == 0:
         return {"name": name, "ok": False, "skipped": True,
                 "detail": f"not run: one decoder layer is {layer_bytes / 2**30:.1f} GiB in float32, over the proof's budget"}
@@ -73,7 +85,7 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
     ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(2)]
     ref = run_reference(reference.env, source.code_files, source.config.get("auto_map") or {}, original_cfg, input_ids=ids, num_layers=keep,
                         mode="checkpoint", checkpoint_dir=str(source.location), generate_tokens=0, timeout=timeout,
-                        gpu_shims=reference.gpu_shims)
+                        gpu_shims=reference.gpu_shims, checkpoint_moved=_moved_after_layers(meta, layers_path, offset, full_layers, keep))
     if not ref.ok:
         return {"name": name, "ok": False, "detail": f"the original on its checkpoint: {ref.error}", "peak_rss_bytes": ref.peak_rss_bytes}
     job: dict[str, Any] = {"out_dir": str(out_dir), "ids": ids, "keep": keep, "rows": rows}

@@ -172,6 +172,8 @@ def _retarget_md(result) -> list[str]:
             lines += ["Native `config.json`:", "", "```json", json.dumps(rt["native_config"], indent=1), "```", ""]
     else:
         lines += ["No native transformers class that vLLM serves reproduces the original.", ""]
+    if rt.get("anatomy"):
+        lines += ["The original's anatomy, as its reference run shows it (at the shrunk size):", ""] + [f"- {_md(a)}" for a in rt["anatomy"]] + [""]
     if rt.get("not_fitting"):
         lines += ["Targets that do not fit:", ""] + [f"- {_md(n)}" for n in rt["not_fitting"]] + [""]
     if rt.get("attempts"):

@@ -46,6 +46,7 @@ class RetargetOutcome:
     files: list[str] = field(default_factory=list)
     weights: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    anatomy: list[str] = field(default_factory=list)  # Anatomy.describe()
 
     def to_dict(self) -> dict[str, Any]:
         hyp = self.found.hypothesis if self.found else None
@@ -58,6 +59,7 @@ class RetargetOutcome:
             "not_fitting": self.search.skipped + ([f"anatomy: {self.anatomy_error}"] if self.anatomy_error else []),
             "search_seconds": self.search.seconds,
             "native_config": self.native_config,
+            "anatomy": self.anatomy,
         }
 
 
@@ -81,7 +83,7 @@ def find_retarget(reference: Reference) -> RetargetOutcome:
     except AnatomyError as exc:
         anatomy_error = str(exc)
     result = search(run, anatomy, reference.tiny_config, reference.input_ids, accept=_served_refusal)
-    outcome = RetargetOutcome(result, anatomy_error, result.found)
+    outcome = RetargetOutcome(result, anatomy_error, result.found, anatomy=anatomy.describe() if anatomy else [])
     if result.found:
         outcome.checks = list(result.found.checks)
         outcome._anatomy = anatomy  # type: ignore[attr-defined]

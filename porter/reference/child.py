@@ -179,19 +179,22 @@ def _checkpoint_reader(folder: str, torch):
     return index, get
 
 
-def checkpoint_state(model, folder: str, torch) -> tuple[dict, list]:
+def checkpoint_state(model, folder: str, torch, moved=()) -> tuple[dict, list]:
     """The real tensors of the checkpoint in ``folder`` for every key of ``model``'s state
     dict, sliced to the truncated model's shapes (first rows: the first vocabulary entries;
     only the first layers exist in the truncated model); a tied parameter absent from the
-    checkpoint gets its partner's tensor. Returns (state, keys the checkpoint lacks)."""
+    checkpoint gets its partner's tensor. ``moved``: (model prefix, checkpoint prefix) pairs
+    for modules whose index follows the layers (MixFormer's head in the same nn.Sequential).
+    Returns (state, keys the checkpoint lacks)."""
     index, get = _checkpoint_reader(folder, torch)
     state = {}
     missing = []
     for key, tensor in model.state_dict().items():
-        if key not in index:
+        name = next((theirs + key[len(ours):] for ours, theirs in moved if key.startswith(ours)), key)
+        if name not in index:
             missing.append(key)
             continue
-        value = get(key, tensor.shape)
+        value = get(name, tensor.shape)
         state[key] = value.to(torch.float32) if value.is_floating_point() else value
     for a, b in _tied_pairs(model):
         for have, want in ((a, b), (b, a)):
@@ -202,12 +205,29 @@ def checkpoint_state(model, folder: str, torch) -> tuple[dict, list]:
 
 
 def _decoder_layers(model, torch, num_layers: int):
+    """(path, the layer modules, index of the first): the shallowest ``ModuleList`` of
+    ``num_layers`` modules of one class; else a run of ``num_layers`` modules of one class inside
+    an ``nn.Sequential`` (MixFormer keeps embedding, blocks and head in one, the blocks from 1)."""
+    if num_layers <= 0:
+        return None
     best = None
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and num_layers > 0:
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
             classes = {type(m).__name__ for m in module}
             if len(classes) == 1 and (best is None or name.count(".") < best[0].count(".")):
-                best = (name, module)
+                best = (name, list(module), 0)
+    if best is not None:
+        return best
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Sequential):
+            children = list(module)
+            for start in range(len(children) - num_layers + 1):
+                run = children[start:start + num_layers]
+                if len({type(m) for m in run}) == 1 and len(list(run[0].children())) > 1 and all(
+                        type(m) is not type(run[0]) for m in children[:start] + children[start + num_layers:]):
+                    if best is None or name.count(".") < best[0].count("."):
+                        best = (name, run, start)
+                    break
     return best
 
 
@@ -325,7 +345,7 @@ def main() -> None:
 
         if job["mode"] == "checkpoint":
             stage = "loading the checkpoint tensors"
-            state, missing = checkpoint_state(model, job["checkpoint"]["dir"], torch)
+            state, missing = checkpoint_state(model, job["checkpoint"]["dir"], torch, [tuple(m) for m in job["checkpoint"].get("moved") or []])
             params = {n for n, _ in model.named_parameters()}
             absent = [k for k in missing if k in params]
             if absent:
@@ -348,6 +368,8 @@ def main() -> None:
         hooks = []
         if layers is not None:
             result["layers_path"] = layers[0]
+            if layers[2]:
+                result["layers_offset"] = layers[2]
             for i, layer in enumerate(layers[1]):
                 def keep(_m, _inp, out, i=i):
                     value = out[0] if isinstance(out, (tuple, list)) else out

@@ -24,7 +24,7 @@ from hfcheck.porter.reference.environments import (
     release_of,
 )
 from hfcheck.porter.reference.run import ReferenceRun, run_reference
-from hfcheck.porter.reference.shrink import first, shrink_config
+from hfcheck.porter.reference.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
 
 # Releases tried, newest first, when the declared one cannot import the code or none is declared.
 FALLBACK_RELEASES = ("4.51.3", "4.46.3", "4.42.4", "4.37.2", "4.33.3", "4.30.2", "4.28.1")
@@ -157,6 +157,13 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             if log:
                 log(f"the original fails at head dim {head_dim} ({run.error}); again at its real head dim {real_head_dim}")
             tiny = shrink_config(config, head_dim=real_head_dim)
+            run = run_original(tiny)
+        real_heads = head_counts(config)[0]
+        if not run.ok and _is_shape_failure(run) and isinstance(real_heads, int) and MAX_TINY_HEADS < real_heads <= 64:
+            # code that hard-codes a head grouping (CodeGen2's `mp_num = 8` blocks of heads): every head, each small
+            if log:
+                log(f"the original fails with {first(tiny, 'heads')} heads ({run.error}); again with its real {real_heads} heads of {head_dim}")
+            tiny = shrink_config(config, head_dim=head_dim, max_heads=real_heads)
             run = run_original(tiny)
         needs = _needs_a_gpu(run)
         if needs:

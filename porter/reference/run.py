@@ -82,7 +82,8 @@ def model_key(auto_map: dict[str, Any]) -> str | None:
 def run_reference(env: ReferenceEnv, code_files: dict[str, str], auto_map: dict[str, Any], config: dict[str, Any], *,
                   input_ids: list[list[int]], num_layers: int, mode: str = "random", seed: int = 0,
                   checkpoint_dir: str | None = None, meta_config: dict[str, Any] | None = None, generate_tokens: int = 4,
-                  import_only: bool = False, threads: int = 1, timeout: float = DEFAULT_TIMEOUT_S, gpu_shims: bool = False) -> ReferenceRun:
+                  import_only: bool = False, threads: int = 1, timeout: float = DEFAULT_TIMEOUT_S, gpu_shims: bool = False,
+                  checkpoint_moved: list[tuple[str, str]] | None = None) -> ReferenceRun:
     """Run the original (``code_files`` + ``config``) in ``env``; see ``child.py``."""
     from hfcheck.analyzer.isolation import fence
 
@@ -98,7 +99,7 @@ def run_reference(env: ReferenceEnv, code_files: dict[str, str], auto_map: dict[
             "fence": fence.load_fence_source(), "auto_map": auto_map, "model_key": key, "config": config, "mode": mode,
             "seed": seed, "input_ids": input_ids, "num_layers": num_layers, "generate_tokens": generate_tokens,
             "meta_config": meta_config, "import_only": import_only, "threads": threads, "cpu_seconds": timeout * 2,
-            "checkpoint": {"dir": checkpoint_dir} if checkpoint_dir else None, "gpu_shims": GPU_ONLY if gpu_shims else None,
+            "checkpoint": {"dir": checkpoint_dir, "moved": list(checkpoint_moved or [])} if checkpoint_dir else None, "gpu_shims": GPU_ONLY if gpu_shims else None,
         }
         (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
         run = run_child([str(env.python), "-I", str(CHILD), str(root)], root, timeout=timeout, env=child_env(root, threads),

@@ -30,6 +30,8 @@ def write_sample(src: Path, dst: Path, *, head_dim: int = 32, layers: int = 2, d
     reference = establish(resolve(str(dst)), seed=seed, head_dim=head_dim)
     if not reference.run.ok:
         raise RuntimeError(f"the original does not run: {reference.run.error}")
+    if reference.tiny_config != small:  # it ran only at another shrink (CodeGen2's 8 blocks of heads need 8 heads): that config
+        (dst / "config.json").write_text(json.dumps(reference.tiny_config, indent=2) + "\n", encoding="utf-8")
     params = {f"{m['name']}.{p}" if m["name"] else p for m in reference.run.result["modules"] for p in m["params"]}
     state = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in reference.run.state.items() if k in params}
     for _a, b in reference.run.result.get("tied") or []:

@@ -35,6 +35,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
 MLA_FIELDS = {"q_lora_rank": 32, "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}
 TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "unk_token_id")
 MAX_TINY_GROUP = 8
+MAX_TINY_HEADS = 4
+"""Query heads of a shrunk copy (fewer where the model has fewer)."""
 
 
 def first(config: dict[str, Any], kind: str) -> Any:
@@ -72,7 +74,7 @@ def _token_ids(config: dict[str, Any]) -> list[int]:
     return ids
 
 
-def shrink_config(config: dict[str, Any], *, layers: int = 2, head_dim: int = 16, vocab: int = 512, max_heads: int = 4) -> dict[str, Any]:
+def shrink_config(config: dict[str, Any], *, layers: int = 2, head_dim: int = 16, vocab: int = 512, max_heads: int = MAX_TINY_HEADS) -> dict[str, Any]:
     """The shrunk copy of ``config`` (a new dict; the original is not changed)."""
     out = copy.deepcopy(config)
     for nested in ("text_config", "llm_config", "language_config"):

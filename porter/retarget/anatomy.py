@@ -14,7 +14,8 @@ them. From that, at the shrunk size where every width is known:
   the MLP's down projection returns to ``hidden`` from the width its inputs produce (two:
   gate and up, one twice as wide: packed gate/up, one as wide: a plain two-layer MLP);
 - rotary embedding: base and dimension from the ``inv_freq`` buffer itself
-  (``inv_freq[1] = base ** (-2 / dim)``), so a hard-coded base in the code is seen too.
+  (``inv_freq[1] = base ** (-2 / dim)``), so a hard-coded base in the code is seen too; where
+  the code keeps no buffer, from the config's rotary size (the proof settles it).
 
 Ambiguities the shapes cannot settle (which of two equal projections is the gate, the packing
 order of a fused projection, interleaved or half-split rotary pairs) become alternatives that
@@ -99,10 +100,44 @@ class Anatomy:
     rotary: dict[str, Any] | None
     extra_params: list[str]
     hidden_act: str | None = None
+    head_bias: bool = False
+    layer_offset: int = 0  # index of layer 0 in its container (MixFormer's nn.Sequential: 1, after the embedding)
 
     @property
     def tied(self) -> bool:
         return self.head is None
+
+    def describe(self) -> list[str]:
+        """The anatomy in words (PORT.md), read from the run at the shrunk size."""
+        layer, d = self.layer, self.dims
+
+        def norm(n: Norm) -> str:
+            return f"{'RMSNorm' if n.kind == 'rms' else 'LayerNorm' if n.kind == 'layer' else n.cls} `{n.path}`" + (" with bias" if n.bias else "")
+
+        def lin(items: list[Linear]) -> str:
+            return ", ".join(f"`{x.path}` [{x.out} x {x.inp}]{' +bias' if x.bias else ''}" for x in items)
+
+        mlp = ("gated (gate and up)" if len(layer.mlp_inputs) == 2 or layer.mlp_inputs[0].out == 2 * d.intermediate else "plain (up, down)")
+        rotary = (f"rotary on {self.rotary['dim']} of {d.head_dim} dims per head, base {self.rotary['base']:g}"
+                  + (" (from the config: the code keeps no inv_freq buffer)" if self.rotary.get("from") == "config" else "")
+                  if self.rotary else "no rotary embedding found")
+        where = f"`{self.layers_path}`" + (f" (from index {self.layer_offset}, inside an nn.Sequential)" if self.layer_offset else "")
+        return [
+            f"decoder layers: {d.layers} in {where}",
+            f"residual: {'attention and MLP side by side on one norm' if layer.parallel else f'{len(layer.norms)} norms, attention then MLP'}"
+            f" ({'; '.join(norm(n) for n in layer.norms)})",
+            f"attention: {d.heads} heads of {d.head_dim} ({d.kv_heads} key/value); inputs {lin(layer.attention_inputs)}; output {lin([layer.attention_output])}",
+            f"MLP: {mlp}, activation {self.hidden_act or '-'}; inputs {lin(layer.mlp_inputs)}; output {lin([layer.mlp_output])}",
+            rotary,
+            f"final norm: {norm(self.final_norm) if self.final_norm else 'none'}; head: "
+            + ("tied to the embedding" if self.tied else f"`{self.head}`{' with bias' if self.head_bias else ''}"),
+        ]
+
+    @property
+    def layer_src(self) -> str:
+        """Layer ``{i}``'s path in the original's names, for a recipe's ``src`` (``plan.expand``
+        adds the offset): ``transformer.h.{i}``, or ``layers.{i+1}`` inside a Sequential."""
+        return f"{self.layers_path}.{{i}}" if not self.layer_offset else f"{self.layers_path}.{{i+{self.layer_offset}}}"
 
 
 def _param_paths(module: dict[str, Any]) -> list[str]:
@@ -134,6 +169,20 @@ def rotary_from_buffers(modules: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def rotary_from_config(config: dict[str, Any], head_dim: int) -> dict[str, Any] | None:
+    """Rotary dimension and base from the config, for code that computes its frequencies in
+    the forward pass and keeps no ``inv_freq`` buffer (CodeGen's ``fixed_pos_embedding``): only
+    where the config names a rotary size; the proof then settles whether it is right."""
+    dim = next((config[k] for k in ("rotary_dim", "rotary_emb_dim", "rotary_ndims") if isinstance(config.get(k), int) and config[k] > 0), None)
+    pct = next((config[k] for k in ("rotary_pct", "partial_rotary_factor") if isinstance(config.get(k), (int, float)) and 0 < config[k] <= 1), None)
+    if dim is None and pct is not None:
+        dim = int(round(head_dim * pct / 2)) * 2
+    if dim is None:
+        return None
+    base = next((float(config[k]) for k in ("rope_theta", "rotary_emb_base", "rotary_base", "rope_base") if isinstance(config.get(k), (int, float))), 10000.0)
+    return {"dim": min(int(dim), head_dim), "base": base, "module": None, "class": None, "from": "config"}
+
+
 def _round_base(base: float) -> float:
     """10000.000003 read back from float32 -> 10000.0 (to 6 significant digits)."""
     if base <= 0 or not math.isfinite(base):
@@ -142,19 +191,34 @@ def _round_base(base: float) -> float:
     return float(round(base, digits))
 
 
+def layer_count(run: ReferenceRun) -> int:
+    """Decoder layers of the reference run: the modules under the layers' path of layer 0's
+    class (an nn.Sequential also holds the embedding and the head)."""
+    modules = run.result.get("modules") or []
+    path = run.result.get("layers_path") or ""
+    block = next((m["class"] for m in modules if m["name"] == f"{path}.{int(run.result.get('layers_offset') or 0)}"), None)
+    return len([m for m in modules if re.fullmatch(re.escape(path) + r"\.\d+", m["name"]) and m["class"] == block])
+
+
 def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
     modules = run.result.get("modules") or []
     by_name = {m["name"]: m for m in modules}
     layers_path = run.result.get("layers_path")
     if not layers_path:
         raise AnatomyError("no list of identical decoder layers was found")
-    embeds = [m for m in modules if "embedding" in m and not m["name"].startswith(layers_path + ".")]
+    offset = int(run.result.get("layers_offset") or 0)
+    first = f"{layers_path}.{offset}."
+    n_layers = layer_count(run)
+    block_names = {f"{layers_path}.{offset + k}" for k in range(n_layers)}
+
+    def in_blocks(name: str) -> bool:
+        return name == layers_path or any(name == b or name.startswith(b + ".") for b in block_names)
+
+    embeds = [m for m in modules if "embedding" in m and not in_blocks(m["name"])]
     if not embeds:
         raise AnatomyError("no token embedding was found")
     vocab_embed = max(embeds, key=lambda m: m["embedding"]["num"])
     vocab, hidden = vocab_embed["embedding"]["num"], vocab_embed["embedding"]["dim"]
-    first = f"{layers_path}.0."
-    n_layers = len([m for m in modules if re.fullmatch(re.escape(layers_path) + r"\.\d+", m["name"])])
 
     # call order of layer 0's modules
     order: dict[str, int] = {}
@@ -212,27 +276,39 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
     dims = Dims(hidden, heads, kv_heads, d, intermediate, vocab, n_layers)
 
     # head and final norm
-    outside = [m for m in modules if not m["name"].startswith(layers_path + ".") and m["name"] != layers_path]
+    outside = [m for m in modules if not in_blocks(m["name"])]
     heads_mods = [m for m in outside if m is not vocab_embed and m["params"].get("weight") == [vocab, hidden]]
     head = heads_mods[0] if heads_mods else None
     tied_pairs = run.result.get("tied") or []
     if head is not None and any(f"{head['name']}.weight" in pair for pair in tied_pairs):
         head = None
-    after_layers = [m for m in outside if _is_norm(m, hidden) and order.get(m["name"], -1) > order.get(f"{layers_path}.{n_layers - 1}", 10**9)]
+    after_layers = [m for m in outside if _is_norm(m, hidden) and order.get(m["name"], -1) > order.get(f"{layers_path}.{offset + n_layers - 1}", 10**9)]
     final = sorted(after_layers, key=lambda m: order[m["name"]])
     final_norm = None
     if final:
         m = final[0]
         final_norm = Norm(m["name"], "bias" in m["params"] or "beta" in m["params"], m["class"], _eps(m),
                           next(n for n in ("weight", "scale", "g", "gamma") if n in m["params"]))
-    used = {f"{vocab_embed['name']}.weight"} | ({f"{head['name']}.weight"} if head else set())
+    head_bias = head is not None and "bias" in head["params"]
+
+    def generic(name: str) -> str:
+        """A module after the layers in their container, by its place after the last layer."""
+        m = re.fullmatch(re.escape(layers_path) + r"\.(\d+)(\..*)?", name)
+        if m and int(m.group(1)) >= offset + n_layers:
+            return f"{layers_path}.{{n+{int(m.group(1)) - n_layers}}}{m.group(2) or ''}"
+        return name
+
+    used = {f"{vocab_embed['name']}.weight"} | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head_bias else set())
     if final_norm:
         used |= {f"{final_norm.path}.{p}" for p in by_name[final_norm.path]["params"]}
     extra = [p for m in outside for p in _param_paths(m) if p not in used and not _tied_to(p, used, tied_pairs)]
     act = tiny_config.get("hidden_act") or tiny_config.get("activation_function") or tiny_config.get("activation")
     layer = Layer(norm_objs, attention_inputs, attention_output, mlp_inputs, mlp_output, parallel=len(norm_objs) == 1, other_params=other)
-    return Anatomy(layers_path, vocab_embed["name"], head["name"] if head else None, head["class"] if head else None, final_norm, layer,
-                   dims, rotary_from_buffers(modules), extra, act if isinstance(act, str) else None)
+    if final_norm is not None:
+        final_norm.path = generic(final_norm.path)
+    return Anatomy(layers_path, generic(vocab_embed["name"]), generic(head["name"]) if head else None, head["class"] if head else None, final_norm, layer,
+                   dims, rotary_from_buffers(modules) or rotary_from_config(tiny_config, d), extra, act if isinstance(act, str) else None,
+                   head_bias, offset)
 
 
 def _tied_to(param: str, used: set[str], pairs: list[list[str]]) -> bool:
@@ -287,7 +363,7 @@ def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], 
         raise AnatomyError("the config names no attention head count")
     meta = run.result.get("meta_params") or {}
     lp = anatomy.layers_path
-    layer0 = f"{lp}.0."
+    layer0 = f"{lp}.{anatomy.layer_offset}."
     if meta and f"{anatomy.embed}.weight" in meta and f"{layer0}{anatomy.layer.attention_output.path}.weight" in meta:
         vocab, hidden = meta[f"{anatomy.embed}.weight"]
         q_rows = meta[f"{layer0}{anatomy.layer.attention_output.path}.weight"][1]
@@ -300,7 +376,8 @@ def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], 
         else:
             kv = sorted(ins)[0] // head_dim
         intermediate = meta[f"{layer0}{anatomy.layer.mlp_output.path}.weight"][1]
-        layers = len({k[len(lp) + 1:].split(".")[0] for k in meta if k.startswith(lp + ".")})
+        out_path = re.compile(rf"{re.escape(lp)}\.\d+\.{re.escape(anatomy.layer.attention_output.path)}\.weight")
+        layers = len([k for k in meta if out_path.fullmatch(k)])
         return Dims(hidden, heads, kv, head_dim, intermediate, vocab, layers)
     tiny = anatomy.dims
     hidden = first(full_config, "hidden")

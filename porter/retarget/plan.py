@@ -25,6 +25,7 @@ streams a checkpoint on disk (safetensors, or PyTorch ``.bin`` read with
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,12 @@ from typing import Any
 import torch
 
 Recipe = dict[str, Any]
+
+
+LAYER_INDEX = re.compile(r"\{i(?:\+(\d+))?\}")
+"""``{i}`` in a recipe's source, or ``{i+1}`` where layer 0 is not its container's first module."""
+AFTER_LAYERS = re.compile(r"\{n\+(\d+)\}")
+"""``{n+1}``: a module after the layers in their container (MixFormer's head at index layers + 1)."""
 
 
 class PlanError(Exception):
@@ -47,8 +54,10 @@ def expand(plan: list[Recipe], layers: int) -> list[Recipe]:
                 r = dict(recipe)
                 r["out"] = recipe["out"].replace("{i}", str(i))
                 if "src" in recipe:
-                    r["src"] = recipe["src"].replace("{i}", str(i))
+                    r["src"] = LAYER_INDEX.sub(lambda m, i=i: str(i + int(m.group(1) or 0)), recipe["src"])
                 out.append(r)
+        elif "src" in recipe and "{n+" in recipe["src"]:
+            out.append({**recipe, "src": AFTER_LAYERS.sub(lambda m: str(layers + int(m.group(1))), recipe["src"])})
         else:
             out.append(recipe)
     return out
@@ -75,6 +84,12 @@ def _take(tensor: torch.Tensor, take: dict[str, Any]) -> torch.Tensor:
             return view[:, :group].reshape(kv * group * d, *tensor.shape[1:])
         index = group if part == "k" else group + 1
         return view[:, index].reshape(kv * d, *tensor.shape[1:])
+    if layout == "blocks":  # CodeGen: `blocks` groups of heads, each [q, v, k] (in `order`) for its heads
+        blocks, order = int(take["blocks"]), str(take["order"])
+        if tensor.shape[0] % (3 * blocks):
+            raise PlanError(f"{tensor.shape[0]} rows do not split into {blocks} blocks of three parts")
+        view = tensor.reshape(blocks, 3, tensor.shape[0] // (3 * blocks), *tensor.shape[1:])
+        return view[:, order.index(take["part"])].reshape(tensor.shape[0] // 3, *tensor.shape[1:])
     raise PlanError(f"unknown layout {layout!r}")
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.porter.reference.run import ReferenceRun
-from hfcheck.porter.retarget.anatomy import Anatomy, Dims
+from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
 from hfcheck.porter.retarget.plan import PlanError, Recipe, convert_state, expand
 from hfcheck.porter.retarget.targets import TARGETS, Hypothesis
 
@@ -196,8 +196,7 @@ def _unused_parameters(run: ReferenceRun, plan: list[Recipe] | None, state: dict
     if plan is None:
         return []
     params = {f"{m['name']}.{p}" if m["name"] else p for m in run.result.get("modules", []) for p in m["params"]}
-    layers = run.result.get("layers_path", "")
-    n = len([m for m in run.result.get("modules", []) if re.fullmatch(re.escape(layers) + r"\.\d+", m["name"])])
+    n = layer_count(run)
     used = {r["src"] for r in expand(plan, n) if "src" in r}
     tied = {b for a, b in run.result.get("tied", [])} | {a for a, b in run.result.get("tied", [])}
     return sorted(p for p in params if p not in used and not (p in tied and any(t in used for t in tied)))
@@ -222,25 +221,39 @@ def search(run: ReferenceRun, anatomy: Anatomy | None, tiny_config: dict[str, An
     attempts: list[Attempt] = []
     skipped: list[str] = []
     dims = dims or (anatomy.dims if anatomy else None) or _dims_from_run(run, tiny_config)
+    hypotheses: list[Hypothesis] = []
     for target in TARGETS:
         reason = target.match(anatomy, tiny_config)
         if reason:
             skipped.append(f"{target.name}: {reason}")
             continue
-        for hyp in target.hypotheses(anatomy, tiny_config):
-            if len(attempts) >= MAX_ATTEMPTS:
-                break
-            attempt, found = _try(hyp, run, dims, tiny_config, input_ids)
-            attempts.append(attempt)
-            if found:
-                refusal = accept(found) if accept else None
-                if refusal:
-                    attempt.detail = f"computes the same function, but {refusal}"
-                    skipped.append(f"{hyp.architecture}: computes the same function, but {refusal}")
-                    break  # proven: the target's other readings cannot do better
-                found.native_tiny_config = copy.deepcopy(found.native_tiny_config)
-                return SearchResult(found, attempts, skipped, round(time.perf_counter() - start, 2))
+        hypotheses.extend(target.hypotheses(anatomy, tiny_config))
+    refused: set[str] = set()
+    for hyp in sorted(hypotheses, key=serving_rank):  # stable: within a rank, the registry's order
+        if len(attempts) >= MAX_ATTEMPTS:
+            break
+        if hyp.architecture in refused:
+            continue  # proven under another reading and refused: its other readings cannot do better
+        attempt, found = _try(hyp, run, dims, tiny_config, input_ids)
+        attempts.append(attempt)
+        if found:
+            refusal = accept(found) if accept else None
+            if refusal:
+                attempt.detail = f"computes the same function, but {refusal}"
+                skipped.append(f"{hyp.architecture}: computes the same function, but {refusal}")
+                refused.add(hyp.architecture)
+                continue
+            found.native_tiny_config = copy.deepcopy(found.native_tiny_config)
+            return SearchResult(found, attempts, skipped, round(time.perf_counter() - start, 2))
     return SearchResult(None, attempts, skipped, round(time.perf_counter() - start, 2))
+
+
+def serving_rank(hyp: Hypothesis) -> int:
+    """0 where vLLM serves the class natively, 1 where only its transformers backend does: a
+    retarget takes the best-served class that reproduces the original."""
+    from hfcheck.analyzer.facts import vllm_has_native
+
+    return 0 if vllm_has_native([hyp.architecture])[0] else 1
 
 
 def _dims_from_run(run: ReferenceRun, tiny_config: dict[str, Any]) -> Dims:

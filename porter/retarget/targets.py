@@ -3,8 +3,9 @@
 Like vLLM's fusers, each target has ``match`` (does the anatomy fit at all, and if not, why)
 and ``hypotheses`` (every reading of the anatomy the shapes leave open, most likely first);
 ``search`` proves them numerically against the reference run and keeps the first that
-reproduces the original. ``TARGETS`` is the registry, in priority order: the first target
-whose hypothesis is proven wins, so targets that vLLM runs natively come first.
+reproduces the original. ``TARGETS`` is the registry, in priority order; ``search`` tries the
+classes vLLM runs natively before those only its transformers backend runs (``serving_rank``),
+each group in the registry's order, and the first proven hypothesis wins.
 
 A hypothesis knows how to write the native config for any size (``config(dims)``), and the
 weight plan for any size (``plan(dims)``, see ``plan.py``), so the shrunk proof and the
@@ -105,24 +106,27 @@ def _rope(anatomy: Anatomy, original: dict[str, Any], partial: float | None = No
 def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[Dims, str], list[Recipe]]]]:
     """Ways to read the attention input projections as q, k, v: (choices, recipes(dims, part))."""
     inputs = anatomy.layer.attention_inputs
-    lp = anatomy.layers_path
+    lp = anatomy.layer_src
     if len(inputs) == 1:
         packed = inputs[0]
-        layouts = ["contiguous", "grouped"]
+        layouts: list[tuple[str, int]] = [("contiguous", 0), ("grouped", 0)]  # grouped with group 1: per-head [q, k, v]
         if anatomy.dims.kv_heads == anatomy.dims.heads:
-            layouts = ["contiguous", "grouped"]  # grouped with group 1: per-head [q, k, v]
-        for layout in layouts:
-            def recipes(dims: Dims, out_prefix: str, layout=layout, packed=packed) -> list[Recipe]:
+            # CodeGen: the heads in blocks (its `mp_num`, 4 or 8), each block [q, v, k] of its heads
+            layouts += [("blocks", n) for n in (4, 8, 2) if anatomy.dims.heads % n == 0 and anatomy.dims.heads > n // 2]
+        for layout, blocks in layouts:
+            def recipes(dims: Dims, out_prefix: str, layout=layout, blocks=blocks, packed=packed) -> list[Recipe]:
                 out = []
                 group = dims.heads // dims.kv_heads
                 sizes = [dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, dims.kv_heads * dims.head_dim]
                 for n, part in enumerate("qkv"):
                     take = ({"layout": "contiguous", "sizes": sizes, "part": n} if layout == "contiguous" else
+                            {"layout": "blocks", "blocks": blocks, "order": "qvk", "part": part} if layout == "blocks" else
                             {"layout": "grouped", "kv": dims.kv_heads, "group": group, "head_dim": dims.head_dim, "part": part})
                     for kind in ("weight", "bias") if packed.bias else ("weight",):
-                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{{i}}.{packed.path}.{kind}", "take": take, "role": part})
+                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{packed.path}.{kind}", "take": take, "role": part})
                 return out
-            yield {"q/k/v": f"{packed.path} packed, {layout} rows"}, recipes
+            shown = f"{blocks} blocks of heads, each [q, v, k]" if layout == "blocks" else f"{layout} rows"
+            yield {"q/k/v": f"{packed.path} packed, {shown}"}, recipes
         return
     if len(inputs) == 3:
         by_name = {}
@@ -142,7 +146,7 @@ def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
                 out = []
                 for part, lin in zip("qkv", (q, k, v)):
                     for kind in ("weight", "bias") if lin.bias else ("weight",):
-                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{{i}}.{lin.path}.{kind}", "role": part})
+                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{lin.path}.{kind}", "role": part})
                 return out
             yield {"q/k/v": f"q={q.path}, k={k.path}, v={v.path}"}, recipes
         return
@@ -154,12 +158,12 @@ def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
             def recipes(dims: Dims, out_prefix: str, q=q, kv=kv, layout=layout) -> list[Recipe]:
                 out = []
                 for kind in ("weight", "bias") if q.bias else ("weight",):
-                    out.append({"out": f"{out_prefix}q_proj.{kind}", "src": f"{lp}.{{i}}.{q.path}.{kind}", "role": "q"})
+                    out.append({"out": f"{out_prefix}q_proj.{kind}", "src": f"{lp}.{q.path}.{kind}", "role": "q"})
                 for n, part in enumerate("kv"):
                     take = ({"layout": "halves", "part": n} if layout == "contiguous" else
                             {"layout": "grouped", "kv": dims.kv_heads, "group": 0, "head_dim": dims.head_dim, "part": part})
                     for kind in ("weight", "bias") if kv.bias else ("weight",):
-                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{{i}}.{kv.path}.{kind}", "take": take, "role": part})
+                        out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{kv.path}.{kind}", "take": take, "role": part})
                 return out
             yield {"q/k/v": f"q={q.path}, k/v={kv.path} packed, {layout} rows"}, recipes
 
@@ -167,7 +171,7 @@ def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
 def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[Dims, str, bool], list[Recipe]]]]:
     """Ways to read the MLP inputs as gate and up: (choices, recipes(dims, prefix, packed_out))."""
     inputs = anatomy.layer.mlp_inputs
-    lp = anatomy.layers_path
+    lp = anatomy.layer_src
     if len(inputs) == 2:
         a, b = inputs
         gate_first = [(a, b), (b, a)]
@@ -179,8 +183,8 @@ def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
                 kinds = ("weight", "bias") if gate.bias else ("weight",)
                 if packed_out:
                     raise ValueError("separate gate/up into a packed native projection is not planned")
-                return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{{i}}.{gate.path}.{k}", "role": "gate"} for k in kinds]
-                        + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{{i}}.{up.path}.{k}", "role": "up"} for k in kinds])
+                return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{gate.path}.{k}", "role": "gate"} for k in kinds]
+                        + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{up.path}.{k}", "role": "up"} for k in kinds])
             yield {"gate/up": f"gate={gate.path}, up={up.path}"}, recipes
     elif len(inputs) == 1 and inputs[0].out == 2 * anatomy.dims.intermediate:
         packed = inputs[0]
@@ -189,10 +193,10 @@ def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
                 kinds = ("weight", "bias") if packed.bias else ("weight",)
                 if packed_out:
                     if gate_half != 0:
-                        return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "swap_halves": True, "role": "gate_up"} for k in kinds]
-                    return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "role": "gate_up"} for k in kinds]
-                return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "take": {"layout": "halves", "part": gate_half}, "role": "gate"} for k in kinds]
-                        + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{{i}}.{packed.path}.{k}", "take": {"layout": "halves", "part": 1 - gate_half}, "role": "up"} for k in kinds])
+                        return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "swap_halves": True, "role": "gate_up"} for k in kinds]
+                    return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "role": "gate_up"} for k in kinds]
+                return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "take": {"layout": "halves", "part": gate_half}, "role": "gate"} for k in kinds]
+                        + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "take": {"layout": "halves", "part": 1 - gate_half}, "role": "up"} for k in kinds])
             yield {"gate/up": f"{packed.path} packed, gate = {'first' if gate_half == 0 else 'second'} half"}, recipes
 
 
@@ -207,7 +211,7 @@ def _permute(recipes: list[Recipe], dims: Dims, rotary_dim: int, inverse: bool =
 
 
 def _norm_recipes(anatomy: Anatomy, out: str, norm, layer: bool) -> list[Recipe]:
-    src = f"{anatomy.layers_path}.{{i}}.{norm.path}" if layer else norm.path
+    src = f"{anatomy.layer_src}.{norm.path}" if layer else norm.path
     recipes = [{"out": f"{out}.weight", "src": f"{src}.{norm.weight_name}"}]
     if norm.bias:
         recipes.append({"out": f"{out}.bias", "src": f"{src}.bias"})
@@ -267,6 +271,8 @@ class LlamaFamily(Target):
             return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
         if not (len(layer.mlp_inputs) == 2 or (len(layer.mlp_inputs) == 1 and layer.mlp_inputs[0].out == 2 * anatomy.dims.intermediate)):
             return "the MLP is not gated (no gate and up projections)"
+        if anatomy.head_bias:
+            return "the output head has a bias (the llama family's has none)"
         return None
 
     def hypotheses(self, anatomy, original):
@@ -327,9 +333,9 @@ class LlamaFamily(Target):
                 recipes = [{"out": "model.embed_tokens.weight", "src": f"{anatomy.embed}.weight"}]
                 recipes += _norm_recipes(anatomy, prefix + "input_layernorm", layer.norms[0], True)
                 recipes += attn
-                recipes += [{"out": f"{prefix}self_attn.o_proj.weight", "src": f"{anatomy.layers_path}.{{i}}.{layer.attention_output.path}.weight"}]
+                recipes += [{"out": f"{prefix}self_attn.o_proj.weight", "src": f"{anatomy.layer_src}.{layer.attention_output.path}.weight"}]
                 if o_bias:
-                    recipes.append({"out": f"{prefix}self_attn.o_proj.bias", "src": f"{anatomy.layers_path}.{{i}}.{layer.attention_output.path}.bias"})
+                    recipes.append({"out": f"{prefix}self_attn.o_proj.bias", "src": f"{anatomy.layer_src}.{layer.attention_output.path}.bias"})
                 if model_type == "llama" and (qkv_bias or o_bias):
                     have = {r["out"] for r in recipes}
                     sizes = {"q": d.heads * d.head_dim, "k": d.kv_heads * d.head_dim, "v": d.kv_heads * d.head_dim, "o": d.hidden}
@@ -339,9 +345,9 @@ class LlamaFamily(Target):
                             recipes.append({"out": name, "zeros": [size]})
                 recipes += _norm_recipes(anatomy, prefix + "post_attention_layernorm", layer.norms[1], True)
                 recipes += mlp(d, prefix + "mlp.", packed_out)
-                recipes.append({"out": f"{prefix}mlp.down_proj.weight", "src": f"{anatomy.layers_path}.{{i}}.{layer.mlp_output.path}.weight"})
+                recipes.append({"out": f"{prefix}mlp.down_proj.weight", "src": f"{anatomy.layer_src}.{layer.mlp_output.path}.weight"})
                 if layer.mlp_output.bias:
-                    recipes.append({"out": f"{prefix}mlp.down_proj.bias", "src": f"{anatomy.layers_path}.{{i}}.{layer.mlp_output.path}.bias"})
+                    recipes.append({"out": f"{prefix}mlp.down_proj.bias", "src": f"{anatomy.layer_src}.{layer.mlp_output.path}.bias"})
                 if model_type == "llama" and mlp_bias:
                     have = {r["out"] for r in recipes}
                     for part, size in (("gate", d.intermediate), ("up", d.intermediate), ("down", d.hidden)):
@@ -418,4 +424,102 @@ def falcon_config(original: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if v is not None}
 
 
-TARGETS: tuple[Target, ...] = (SameNames(), LlamaFamily())
+class ParallelFamily(Target):
+    """One LayerNorm per layer feeding attention and a plain two-layer MLP side by side, their
+    sum added to the residual, rotary on part or all of each head, a final LayerNorm and a head
+    that may carry a bias: ``phi`` (vLLM native; biases on q/k/v, the output, the MLP and the
+    head, zeros where the original has none), and ``gptj`` (vLLM native) where attention has no
+    bias at all, every head is a query head and the rotary base is GPT-J's 10000. MixFormer's
+    phi-1/1.5 and CodeGen-style code are this network."""
+
+    name = "parallel family (phi, gptj)"
+
+    def match(self, anatomy, original):
+        if anatomy is None:
+            return "no anatomy"
+        layer = anatomy.layer
+        if not layer.parallel:
+            return f"{len(layer.norms)} norms per layer: attention and MLP do not read one normalised input"
+        if anatomy.final_norm is None:
+            return "no final norm"
+        if any(n.kind != "layer" for n in layer.norms + [anatomy.final_norm]):
+            return "the norms are not LayerNorms"
+        if anatomy.rotary is None:
+            return "no rotary embedding (inv_freq) was found: position information comes another way (ALiBi, learned positions)"
+        if layer.other_params or anatomy.extra_params:
+            return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
+        if len(layer.mlp_inputs) != 1 or layer.mlp_inputs[0].out != anatomy.dims.intermediate:
+            return "the MLP is not a plain two-layer MLP (one projection up, one down)"
+        if anatomy.dims.heads * anatomy.dims.head_dim != anatomy.dims.hidden:
+            return f"{anatomy.dims.heads} heads of {anatomy.dims.head_dim} do not make the hidden size {anatomy.dims.hidden}"
+        return None
+
+    def hypotheses(self, anatomy, original):
+        layer = anatomy.layer
+        dims = anatomy.dims
+        partial = anatomy.rotary["dim"] / dims.head_dim
+        attention_bias = any(lin.bias for lin in layer.attention_inputs) or layer.attention_output.bias
+        targets = [("phi", "PhiForCausalLM")]
+        if not attention_bias and dims.kv_heads == dims.heads and anatomy.rotary["base"] == 10000.0:
+            targets.insert(0, ("gptj", "GPTJForCausalLM"))
+        act = anatomy.hidden_act or "gelu_new"
+        eps = layer.norms[0].eps or 1e-5
+        for (model_type, arch), (qkv_choice, qkv), style, (head_choice, head) in itertools.product(
+                targets, list(_qkv_readings(anatomy)), ("half", "interleaved"), list(_head_recipes(anatomy))):
+            if head_choice:
+                continue  # a normalising head has no parallel-family counterpart
+            choices = {"target": arch, **qkv_choice, "rotary pairs": style}
+
+            def config(d: Dims, original: dict[str, Any], model_type=model_type, arch=arch) -> dict[str, Any]:
+                cfg = _common_config(model_type, arch, d, original, anatomy)
+                if model_type == "phi":
+                    cfg.update(intermediate_size=d.intermediate, hidden_act=act, layer_norm_eps=eps, qk_layernorm=False,
+                               resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, rope_parameters=_rope(anatomy, original, partial))
+                else:
+                    for key in ("num_key_value_heads", "head_dim"):
+                        cfg.pop(key, None)
+                    cfg.update(n_inner=d.intermediate, activation_function=act, layer_norm_epsilon=eps, rotary_dim=int(round(partial * d.head_dim)),
+                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, n_positions=cfg.pop("max_position_embeddings", 2048))
+                return cfg
+
+            def plan(d: Dims, model_type=model_type, qkv=qkv, style=style, head=head) -> list[Recipe]:
+                phi = model_type == "phi"
+                base, attn_name, out_name, up, down, final = (
+                    ("model", "self_attn", "dense", "fc1", "fc2", "model.final_layernorm") if phi else
+                    ("transformer", "attn", "out_proj", "fc_in", "fc_out", "transformer.ln_f"))
+                prefix = f"{base}.{'layers' if phi else 'h'}.{{i}}."
+                rot = int(round(partial * d.head_dim))
+                attn = qkv(d, f"{prefix}{attn_name}.")
+                if phi and style == "interleaved":
+                    attn = _permute(attn, d, rot)
+                elif not phi and style == "half":
+                    attn = _permute(attn, d, rot, inverse=True)
+                src = anatomy.layer_src
+                recipes = [{"out": f"{base}.{'embed_tokens' if phi else 'wte'}.weight", "src": f"{anatomy.embed}.weight"}]
+                recipes += _norm_recipes(anatomy, prefix + ("input_layernorm" if phi else "ln_1"), layer.norms[0], True)
+                recipes += attn
+                recipes.append({"out": f"{prefix}{attn_name}.{out_name}.weight", "src": f"{src}.{layer.attention_output.path}.weight"})
+                if layer.attention_output.bias:
+                    recipes.append({"out": f"{prefix}{attn_name}.{out_name}.bias", "src": f"{src}.{layer.attention_output.path}.bias"})
+                for native, lin in ((up, layer.mlp_inputs[0]), (down, layer.mlp_output)):
+                    recipes.append({"out": f"{prefix}mlp.{native}.weight", "src": f"{src}.{lin.path}.weight"})
+                    if lin.bias:
+                        recipes.append({"out": f"{prefix}mlp.{native}.bias", "src": f"{src}.{lin.path}.bias"})
+                recipes += _norm_recipes(anatomy, final, anatomy.final_norm, False)
+                recipes += head
+                if anatomy.head_bias:
+                    recipes.append({"out": "lm_head.bias", "src": f"{anatomy.head}.bias"})
+                # the native class has a bias wherever a parallel-family layer may: zeros where the original has none
+                sizes = {f"{prefix}mlp.{up}.bias": d.intermediate, f"{prefix}mlp.{down}.bias": d.hidden, "lm_head.bias": d.vocab,
+                         f"{prefix}{'input_layernorm' if phi else 'ln_1'}.bias": d.hidden, f"{final}.bias": d.hidden}
+                if phi:
+                    sizes.update({f"{prefix}self_attn.q_proj.bias": d.heads * d.head_dim, f"{prefix}self_attn.k_proj.bias": d.kv_heads * d.head_dim,
+                                  f"{prefix}self_attn.v_proj.bias": d.kv_heads * d.head_dim, f"{prefix}self_attn.dense.bias": d.hidden})
+                have = {r["out"] for r in recipes}
+                recipes += [{"out": name, "zeros": [size]} for name, size in sizes.items() if name not in have]
+                return recipes
+
+            yield Hypothesis(model_type, arch, choices, config, plan, length_notes(original))
+
+
+TARGETS: tuple[Target, ...] = (SameNames(), LlamaFamily(), ParallelFamily())
