@@ -695,3 +695,29 @@ def test_codegen2_is_retargeted_to_gptj_which_vllm_serves_natively(tmp_path, cap
     native = AutoConfig.from_pretrained(out)  # as vLLM reads it
     assert native.model_type == "gptj" and native.rotary_dim == 64 and native.n_embd == 2048 and native.n_layer == 16 and native.n_head == 16
     assert "auto_map" not in config and not list(out.glob("modeling_*.py"))
+
+
+def test_a_remote_config_transformers_would_reject_is_read_by_its_own_keys(tmp_path, capsys):
+    """Replit Code v1.5 (real code): model_type ``mpt`` with grouped-query attention, which
+    transformers' own MptConfig rejects; the repo's config class is what loads it, so scan reads
+    its keys (no error) and the shrunk copy keeps its head grouping (``attn_config.kv_n_heads``)."""
+    from hfcheck.porter.reference.shrink import head_counts, shrink_config
+
+    src = PUBLISHED / "replit-code-v1_5-3b"
+    scan = subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(src), "--format", "json"], capture_output=True, text=True, check=False)
+    assert scan.returncode == 1, scan.stderr  # findings, not a tool error
+    report = json.loads(scan.stdout)
+    assert report["model"]["model_type"] == "mpt" and report["verdict"] == "blocked"
+    config = json.loads((src / "config.json").read_text())
+    assert head_counts(config) == (24, 8)
+    tiny = shrink_config(config)
+    assert head_counts(tiny) == (6, 2) and tiny["attn_config"]["kv_n_heads"] == 2 and config["attn_config"]["kv_n_heads"] == 8
+
+
+def test_a_gated_unit_named_activation_is_its_gate_function():
+    """Qwen v1 names its MLP's activation after the unit (``activation: swiglu``): the gate is
+    SiLU, which is what a native class needs (``hidden_act: silu``)."""
+    from hfcheck.porter.retarget.anatomy import activation
+
+    assert activation("swiglu") == "silu" and activation("geglu") == "gelu" and activation("gelu_new") == "gelu_new"
+    assert activation("no-such-function") is None and activation(None) is None

@@ -150,6 +150,8 @@ def transformers_config(config: dict[str, Any]):
     try:
         return AutoConfig.for_model(model_type, **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers' own default that does not build: one line of reason
+        if isinstance((config.get("auto_map") or {}).get("AutoConfig"), str):
+            return None  # the repo's own config class reads it (Replit's MPT with grouped-query attention): its raw keys are the facts
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         reason = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[1]}"
         raise FactsError(f"config.json is not a valid {model_type} config: {reason[:240]}") from None

@@ -55,7 +55,7 @@ PYPI_NAMES = {
 GPU_ONLY = sorted(set(CUDA_ONLY) | {"bitsandbytes", "deepspeed", "auto_gptq", "awq", "torch_npu", "habana_frameworks"})
 """Packages with GPU kernels (or for other accelerators): never installable here; ``gpu_shims`` stubs them."""
 NOT_INSTALLABLE = {"flash_attn", "flash_attn_2_cuda", "flash_attn_interface", "xformers", "mamba_ssm", "causal_conv1d",
-                   "selective_scan_cuda", "fla", "triton", "apex", "fused_dense_lib", "rotary_emb", "bitsandbytes",
+                   "selective_scan_cuda", "fla", "triton", "triton_pre_mlir", "apex", "fused_dense_lib", "rotary_emb", "bitsandbytes",
                    "deepspeed", "auto_gptq", "awq", "vllm", "torch", "transformers", "torch_npu", "habana_frameworks"}
 
 

@@ -152,14 +152,14 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
 
         run = run_original()
         real_head_dim = _real_head_dim(config)
-        if not run.ok and _is_shape_failure(run) and real_head_dim and real_head_dim != head_dim:
+        if not run.ok and is_shape_failure(run) and real_head_dim and real_head_dim != head_dim:
             # code that hard-codes the head size (Falcon-40B's `view(..., 64)`): shrink everything else
             if log:
                 log(f"the original fails at head dim {head_dim} ({run.error}); again at its real head dim {real_head_dim}")
             tiny = shrink_config(config, head_dim=real_head_dim)
             run = run_original(tiny)
         real_heads = head_counts(config)[0]
-        if not run.ok and _is_shape_failure(run) and isinstance(real_heads, int) and MAX_TINY_HEADS < real_heads <= 64:
+        if not run.ok and is_shape_failure(run) and isinstance(real_heads, int) and MAX_TINY_HEADS < real_heads <= 64:
             # code that hard-codes a head grouping (CodeGen2's `mp_num = 8` blocks of heads): every head, each small
             if log:
                 log(f"the original fails with {first(tiny, 'heads')} heads ({run.error}); again with its real {real_heads} heads of {head_dim}")
@@ -203,7 +203,7 @@ def _real_head_dim(config: dict[str, Any]) -> int | None:
     return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
 
 
-def _is_shape_failure(run: ReferenceRun) -> bool:
+def is_shape_failure(run: ReferenceRun) -> bool:
     text = run.error or ""
     return "RuntimeError" in text and any(w in text for w in ("shape", "size", "dimension"))
 

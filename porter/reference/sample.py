@@ -8,8 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
-from hfcheck.porter.reference.establish import establish
-from hfcheck.porter.reference.shrink import shrink_config
+from hfcheck.porter.reference.establish import establish, is_shape_failure
+from hfcheck.porter.reference.shrink import MAX_TINY_HEADS, head_counts, shrink_config
 
 
 def write_sample(src: Path, dst: Path, *, head_dim: int = 32, layers: int = 2, dtype: str = "bfloat16", seed: int = 0) -> Path:
@@ -25,13 +25,16 @@ def write_sample(src: Path, dst: Path, *, head_dim: int = 32, layers: int = 2, d
         if path.is_file() and not path.name.endswith((".safetensors", ".bin")):
             shutil.copy2(path, dst / path.name)
     config = json.loads((src / "config.json").read_text(encoding="utf-8"))
-    small = shrink_config(config, layers=layers, head_dim=head_dim)
-    (dst / "config.json").write_text(json.dumps(small, indent=2) + "\n", encoding="utf-8")
-    reference = establish(resolve(str(dst)), seed=seed, head_dim=head_dim)
+    heads = head_counts(config)[0]
+    for max_heads in dict.fromkeys((MAX_TINY_HEADS, heads if isinstance(heads, int) else MAX_TINY_HEADS)):
+        # every head where the code hard-codes a grouping of them (CodeGen2's 8 blocks), as establish() does
+        small = shrink_config(config, layers=layers, head_dim=head_dim, max_heads=max_heads)
+        (dst / "config.json").write_text(json.dumps(small, indent=2) + "\n", encoding="utf-8")
+        reference = establish(resolve(str(dst)), seed=seed, head_dim=head_dim)
+        if reference.run.ok or not is_shape_failure(reference.run):
+            break
     if not reference.run.ok:
         raise RuntimeError(f"the original does not run: {reference.run.error}")
-    if reference.tiny_config != small:  # it ran only at another shrink (CodeGen2's 8 blocks of heads need 8 heads): that config
-        (dst / "config.json").write_text(json.dumps(reference.tiny_config, indent=2) + "\n", encoding="utf-8")
     params = {f"{m['name']}.{p}" if m["name"] else p for m in reference.run.result["modules"] for p in m["params"]}
     state = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in reference.run.state.items() if k in params}
     for _a, b in reference.run.result.get("tied") or []:

@@ -53,10 +53,25 @@ def _set_all(config: dict[str, Any], kind: str, value: Any) -> None:
             config[name] = value
 
 
+NESTED_ATTENTION = {"attn_config": "kv_n_heads"}
+"""Attention settings kept in a nested dict, and their key/value head field (MPT's grouped-query attention)."""
+
+
+def _nested_kv(config: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    for key, field_name in NESTED_ATTENTION.items():
+        nested = config.get(key)
+        if isinstance(nested, dict) and isinstance(nested.get(field_name), int) and not isinstance(nested[field_name], bool):
+            return nested, field_name
+    return None
+
+
 def head_counts(config: dict[str, Any]) -> tuple[int | None, int | None]:
     """(query heads, key/value heads) as the config states them (MQA flags included)."""
     heads = first(config, "heads")
     kv = first(config, "kv_heads")
+    nested = _nested_kv(config)
+    if kv is None and nested is not None:
+        kv = nested[0][nested[1]]
     if kv is None and (config.get("multi_query") is True or (config.get("multi_query_attention") is True and kv is None)):
         kv = 1
     if config.get("multi_query_attention") is False:
@@ -105,6 +120,9 @@ def shrink_config(config: dict[str, Any], *, layers: int = 2, head_dim: int = 16
             tiny_heads = tiny_kv * min(group, MAX_TINY_GROUP)
         _set_all(out, "heads", tiny_heads)
         _set_all(out, "kv_heads", tiny_kv)
+        nested = _nested_kv(out)
+        if nested is not None:
+            nested[0][nested[1]] = tiny_kv
         real_head_dim = first(config, "head_dim")
         if real_head_dim is None and isinstance(hidden, int):
             real_head_dim = hidden // heads

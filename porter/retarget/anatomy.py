@@ -191,6 +191,20 @@ def _round_base(base: float) -> float:
     return float(round(base, digits))
 
 
+GATED_ACTIVATIONS = {"swiglu": "silu", "silu_glu": "silu", "geglu": "gelu", "gelu_glu": "gelu", "reglu": "relu"}
+"""A gated MLP's activation named after the whole unit (Qwen v1's ``activation: swiglu``): the gate's own function."""
+
+
+def activation(name: Any) -> str | None:
+    """The config's activation as transformers' ``ACT2FN`` names it (None: unknown, a target's default applies)."""
+    from transformers.activations import ACT2FN
+
+    if not isinstance(name, str):
+        return None
+    name = GATED_ACTIVATIONS.get(name.lower(), name)
+    return name if name in ACT2FN else None
+
+
 def layer_count(run: ReferenceRun) -> int:
     """Decoder layers of the reference run: the modules under the layers' path of layer 0's
     class (an nn.Sequential also holds the embedding and the head)."""
@@ -302,12 +316,12 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
     if final_norm:
         used |= {f"{final_norm.path}.{p}" for p in by_name[final_norm.path]["params"]}
     extra = [p for m in outside for p in _param_paths(m) if p not in used and not _tied_to(p, used, tied_pairs)]
-    act = tiny_config.get("hidden_act") or tiny_config.get("activation_function") or tiny_config.get("activation")
+    act = activation(tiny_config.get("hidden_act") or tiny_config.get("activation_function") or tiny_config.get("activation"))
     layer = Layer(norm_objs, attention_inputs, attention_output, mlp_inputs, mlp_output, parallel=len(norm_objs) == 1, other_params=other)
     if final_norm is not None:
         final_norm.path = generic(final_norm.path)
     return Anatomy(layers_path, generic(vocab_embed["name"]), generic(head["name"]) if head else None, head["class"] if head else None, final_norm, layer,
-                   dims, rotary_from_buffers(modules) or rotary_from_config(tiny_config, d), extra, act if isinstance(act, str) else None,
+                   dims, rotary_from_buffers(modules) or rotary_from_config(tiny_config, d), extra, act,
                    head_bias, offset)
 
 

@@ -73,6 +73,7 @@ CUDA_ONLY = {
     "selective_scan_cuda": "mamba selective scan (CUDA kernel)",
     "fla": "flash-linear-attention (Triton GPU kernels)",
     "triton": "Triton (GPU kernels)",
+    "triton_pre_mlir": "Triton, MosaicML's pre-MLIR fork (GPU kernels)",
     "apex": "NVIDIA apex (CUDA kernels)",
     "fused_dense_lib": "flash-attention fused dense (CUDA)",
     "rotary_emb": "flash-attention rotary (CUDA)",
