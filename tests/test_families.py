@@ -349,3 +349,28 @@ def test_linear_forward_lost_runs_the_subclass_forward():
     with torch.device("meta"):  # the structural instance lives on the meta device
         meta_router = PhimoeTopKRouter(PhimoeConfig(hidden_size=8, num_local_experts=4, num_experts_per_tok=2))
     assert "tuple" in linear_forward_lost(meta_router)
+
+
+def test_one_process_scanning_two_sizes_of_a_class_answers_for_each(tmp_path):
+    """A trace bakes the instance's sizes into the split (GPTBigCode's ``split((self.embed_dim,
+    self.kv_dim, self.kv_dim))``). A port re-scans its shrunk candidate and then its output in
+    one process: the second answer must not be the first size's (it once said "split sizes
+    (64, 16, 16) do not divide by head_dim 32", 75/100, for a folder a fresh scan gives 96)."""
+    import json
+
+    from hfcheck.analyzer.analysis import analyse
+    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.sources import resolve
+
+    def scan(width: int) -> dict:
+        folder = tmp_path / f"bigcode-{width}"
+        folder.mkdir()
+        config = {"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "vocab_size": 256, "n_embd": width,
+                  "n_layer": 2, "n_head": 4, "n_inner": 4 * width, "multi_query": True}
+        (folder / "config.json").write_text(json.dumps(config))
+        report = build_report(analyse(resolve(str(folder))))
+        return {c["code"]: c["status"] for c in report["checks"]} | {"score": report["score"]}
+
+    small, large = scan(64), scan(128)
+    assert small["HFC301"] == "pass" and large["HFC301"] == "pass", (small, large)
+    assert small["score"] == large["score"]

@@ -30,8 +30,13 @@ _CACHE: dict[tuple, ClassFusions] = {}
 
 
 def class_key(module: nn.Module) -> tuple:
-    """vLLM caches per (type, child names): one entry per distinct module shape."""
-    return (type(module), tuple(name for name, _ in module.named_children()))
+    """vLLM caches per (type, child names): one entry per distinct module shape. One vLLM
+    process holds one model; hfcheck scans many in one process (port's re-scans, the TUI, a
+    sweep), and a trace bakes the instance's sizes (``split((self.embed_dim, ...))``), so the
+    sizes are part of the key: parameter shapes and the module's own numeric attributes."""
+    shapes = tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+    numbers = tuple(sorted((k, v) for k, v in vars(module).items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
+    return (type(module), tuple(name for name, _ in module.named_children()), shapes, numbers)
 
 
 def class_fusions(module: nn.Module) -> ClassFusions:
