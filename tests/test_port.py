@@ -729,3 +729,54 @@ def test_a_gated_unit_named_activation_is_its_gate_function():
 
     assert activation("swiglu") == "silu" and activation("geglu") == "gelu" and activation("gelu_new") == "gelu_new"
     assert activation("no-such-function") is None and activation(None) is None
+
+
+def test_santacoder_conv1d_and_learned_positions_retarget_to_gptbigcode_with_its_checkpoint(tmp_path, capsys):
+    """SantaCoder (real code, transformers 4.30): GPT-2 blocks with GPT-2's Conv1D projections
+    (weights stored [in, out]), learned absolute positions (``wpe``), and multi-query attention
+    from a separate query and a packed key/value projection. GPTBigCode is that network: the
+    plan transposes each weight and stacks q and k/v into one ``c_attn``; a checkpoint in the
+    original's names converts through the same plan and is proven on real weights."""
+    from hfcheck.porter.reference.sample import write_sample
+
+    src = write_sample(PUBLISHED / "santacoder", tmp_path / "santacoder-small")
+    out = tmp_path / "out"
+    code, result = port_json(src, out, capsys)
+    assert code == 0 and result["status"] == "ported" and result["path"] == "retarget", result["message"]
+    assert result["reference"]["transformers"] == "4.30.0"
+    assert result["retarget"]["target"] == "GPTBigCodeForCausalLM"
+    assert result["retarget"]["choices"]["q/k/v"] == "q=attn.q_attn, k/v=attn.kv_attn packed, contiguous rows"
+    assert any("learned absolute positions `transformer.wpe`" in line for line in result["retarget"]["anatomy"])
+    assert_proven(result, ("random weights, eager", "random weights, sdpa"))
+    real = next(c for c in result["proof"]["checks"] if c["name"].startswith("real weights"))
+    assert real["ok"] and real["max_rel_error"] < 1e-4
+    plan = json.loads((out / "weight_plan.json").read_text())["recipes"]
+    c_attn = next(r for r in plan if r["out"] == "transformer.h.{i}.attn.c_attn.weight")
+    assert [part["src"] for part in c_attn["cat"]] == ["transformer.h.{i}.attn.q_attn.weight"] + ["transformer.h.{i}.attn.kv_attn.weight"] * 2
+    assert all(part["transpose"] for part in c_attn["cat"])
+    # vLLM 0.33 has no native GPTBigCode: its transformers backend serves it, and the answer is
+    # the output's own (not the shrunk candidate's, scanned earlier in the same process)
+    assert result["served"]["how"] == "transformers-backend" and result["served"]["verdict"] == "runs", result["served"]
+    fresh = subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(out), "--format", "json"], capture_output=True, text=True, check=False)
+    assert json.loads(fresh.stdout)["score"] == result["served"]["score"]
+
+
+def test_gpt2_style_code_under_its_own_model_type_retargets_to_gpt2(tmp_path, capsys):
+    """SantaCoder's code in its multi-head mode is GPT-2 (Conv1D, learned positions, one key
+    and value per head); under a model_type transformers does not know, the names do not
+    carry over, the anatomy does: GPT2LMHeadModel, which vLLM runs natively, its Conv1D weights
+    written back in their [in, out] layout."""
+    src = tmp_path / "gpt2-mh"
+    shutil.copytree(PUBLISHED / "santacoder", src)
+    config = json.loads((src / "config.json").read_text())
+    config.update(attention_head_type="multihead", model_type="gpt2_mq")
+    (src / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    code, result = port_json(src, out, capsys)
+    assert code == 0 and result["path"] == "retarget" and result["retarget"]["target"] == "GPT2LMHeadModel", result["message"]
+    assert result["retarget"]["choices"]["q/k/v"] == "attn.c_attn packed, contiguous rows"
+    assert_proven(result, ("random weights, eager",))
+    assert result["served"]["how"] == "vllm-native"
+    plan = json.loads((out / "weight_plan.json").read_text())["recipes"]
+    c_fc = next(r for r in plan if r["out"] == "transformer.h.{i}.mlp.c_fc.weight")
+    assert c_fc["transpose"] and c_fc["cat"][0]["transpose"]  # Conv1D in, Conv1D out

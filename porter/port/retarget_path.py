@@ -28,6 +28,7 @@ from hfcheck.porter.retarget.search import (
     build_native,
     compare,
     identity_plan,
+    load_planned,
     search,
 )
 
@@ -127,7 +128,9 @@ def extra_checks(outcome: RetargetOutcome, reference: Reference) -> None:
             model.config._attn_implementation = attn
             return model
         model = build_native(found.native_tiny_config, attn)
-        model.load_state_dict(convert_state(found.plan, layers, run.state), strict=True)
+        missing, unexpected = load_planned(model, convert_state(found.plan, layers, run.state))
+        if missing or unexpected:
+            raise RuntimeError(f"the proven plan no longer fits: missing {missing[:3]}, unexpected {unexpected[:3]}")
         return model
 
     try:

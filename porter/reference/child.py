@@ -100,12 +100,25 @@ def describe_modules(model, torch) -> list[dict]:
         entry = {"name": name, "class": type(module).__name__, "module": type(module).__module__.replace(PACKAGE + ".", ""),
                  "params": params, "buffers": buffers, "persistent": sorted(n for n in buffers if n in persistent),
                  "small_buffers": small, "scalars": _scalars(module), "children": [n for n, _ in module.named_children()]}
-        if isinstance(module, torch.nn.Linear):
-            entry["linear"] = {"in": module.in_features, "out": module.out_features, "bias": module.bias is not None}
+        linear = _linear_shape(module, torch)
+        if linear:
+            entry["linear"] = linear
         if isinstance(module, torch.nn.Embedding):
             entry["embedding"] = {"num": module.num_embeddings, "dim": module.embedding_dim}
         entries.append(entry)
     return entries
+
+
+def _linear_shape(module, torch) -> dict | None:
+    """``in``/``out``/``bias`` of a linear projection: ``nn.Linear``, or GPT-2's ``Conv1D``
+    (weight stored ``[in, out]``, so ``transposed``: a retarget's plan transposes it)."""
+    if isinstance(module, torch.nn.Linear):
+        return {"in": module.in_features, "out": module.out_features, "bias": module.bias is not None}
+    weight = getattr(module, "weight", None)
+    if (type(module).__name__ == "Conv1D" and isinstance(getattr(module, "nf", None), int) and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2 and weight.shape[1] == module.nf):
+        return {"in": int(weight.shape[0]), "out": int(module.nf), "bias": getattr(module, "bias", None) is not None, "transposed": True}
+    return None
 
 
 def _random_state(model, seed: int, torch) -> dict:

@@ -56,6 +56,7 @@ class Linear:
     inp: int
     out: int
     bias: bool
+    transposed: bool = False  # GPT-2's Conv1D: the weight is stored [in, out]
 
 
 @dataclass
@@ -102,6 +103,13 @@ class Anatomy:
     hidden_act: str | None = None
     head_bias: bool = False
     layer_offset: int = 0  # index of layer 0 in its container (MixFormer's nn.Sequential: 1, after the embedding)
+    positions: str | None = None  # a learned absolute position embedding (GPT-2's ``wpe``), added to the tokens'
+
+    def transposed(self) -> set[str]:
+        """Weights of layer 0 stored ``[in, out]`` (Conv1D), as recipe sources (``{i}`` templates)."""
+        layer = self.layer
+        return {f"{self.layer_src}.{lin.path}.weight" for lin in layer.attention_inputs + [layer.attention_output] + layer.mlp_inputs + [layer.mlp_output]
+                if lin.transposed}
 
     @property
     def tied(self) -> bool:
@@ -118,6 +126,7 @@ class Anatomy:
             return ", ".join(f"`{x.path}` [{x.out} x {x.inp}]{' +bias' if x.bias else ''}" for x in items)
 
         mlp = ("gated (gate and up)" if len(layer.mlp_inputs) == 2 or layer.mlp_inputs[0].out == 2 * d.intermediate else "plain (up, down)")
+        positions = f"learned absolute positions `{self.positions}`" if self.positions else ""
         rotary = (f"rotary on {self.rotary['dim']} of {d.head_dim} dims per head, base {self.rotary['base']:g}"
                   + (" (from the config: the code keeps no inv_freq buffer)" if self.rotary.get("from") == "config" else "")
                   if self.rotary else "no rotary embedding found")
@@ -128,7 +137,7 @@ class Anatomy:
             f" ({'; '.join(norm(n) for n in layer.norms)})",
             f"attention: {d.heads} heads of {d.head_dim} ({d.kv_heads} key/value); inputs {lin(layer.attention_inputs)}; output {lin([layer.attention_output])}",
             f"MLP: {mlp}, activation {self.hidden_act or '-'}; inputs {lin(layer.mlp_inputs)}; output {lin([layer.mlp_output])}",
-            rotary,
+            "; ".join(x for x in (rotary if self.rotary or not self.positions else "", positions) if x),
             f"final norm: {norm(self.final_norm) if self.final_norm else 'none'}; head: "
             + ("tied to the embedding" if self.tied else f"`{self.head}`{' with bias' if self.head_bias else ''}"),
         ]
@@ -245,7 +254,7 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
     norms = sorted((m for m in layer_mods if _is_norm(m, hidden)), key=lambda m: order.get(m["name"], 10**9))
     norm_objs = [Norm(rel(m["name"]), "bias" in m["params"] or "beta" in m["params"], m["class"], _eps(m),
                       next(n for n in ("weight", "scale", "g", "gamma") if n in m["params"])) for m in norms]
-    lin_objs = [Linear(rel(m["name"]), m["linear"]["in"], m["linear"]["out"], m["linear"]["bias"]) for m in linears]
+    lin_objs = [Linear(rel(m["name"]), m["linear"]["in"], m["linear"]["out"], m["linear"]["bias"], bool(m["linear"].get("transposed"))) for m in linears]
     if not lin_objs:
         raise AnatomyError("decoder layer 0 has no linear projections")
     uncalled = [lin.path for lin, m in zip(lin_objs, linears) if m["name"] not in order]
@@ -312,7 +321,8 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
             return f"{layers_path}.{{n+{int(m.group(1)) - n_layers}}}{m.group(2) or ''}"
         return name
 
-    used = {f"{vocab_embed['name']}.weight"} | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head_bias else set())
+    positions = _position_embedding(embeds, vocab_embed, hidden, order, f"{layers_path}.{offset}")
+    used = {f"{vocab_embed['name']}.weight"} | ({f"{positions['name']}.weight"} if positions else set()) | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head_bias else set())
     if final_norm:
         used |= {f"{final_norm.path}.{p}" for p in by_name[final_norm.path]["params"]}
     extra = [p for m in outside for p in _param_paths(m) if p not in used and not _tied_to(p, used, tied_pairs)]
@@ -322,7 +332,16 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
         final_norm.path = generic(final_norm.path)
     return Anatomy(layers_path, generic(vocab_embed["name"]), generic(head["name"]) if head else None, head["class"] if head else None, final_norm, layer,
                    dims, rotary_from_buffers(modules) or rotary_from_config(tiny_config, d), extra, act,
-                   head_bias, offset)
+                   head_bias, offset, generic(positions["name"]) if positions else None)
+
+
+def _position_embedding(embeds: list[dict[str, Any]], vocab_embed: dict[str, Any], hidden: int, order: dict[str, int],
+                        layer0: str) -> dict[str, Any] | None:
+    """A second embedding of the hidden width, called before layer 0: learned absolute
+    positions (GPT-2's ``wpe``), added to the token embedding."""
+    before = order.get(layer0, 10**9)
+    found = [m for m in embeds if m is not vocab_embed and m["embedding"]["dim"] == hidden and order.get(m["name"], 10**9) < before]
+    return found[0] if len(found) == 1 else None
 
 
 def _tied_to(param: str, used: set[str], pairs: list[list[str]]) -> bool:
@@ -380,16 +399,22 @@ def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], 
     layer0 = f"{lp}.{anatomy.layer_offset}."
     if meta and f"{anatomy.embed}.weight" in meta and f"{layer0}{anatomy.layer.attention_output.path}.weight" in meta:
         vocab, hidden = meta[f"{anatomy.embed}.weight"]
-        q_rows = meta[f"{layer0}{anatomy.layer.attention_output.path}.weight"][1]
+
+        def shape(lin: Linear) -> tuple[int, int]:
+            """(out, in) of a projection's full-size weight (Conv1D stores it [in, out])."""
+            rows, cols = meta[f"{layer0}{lin.path}.weight"]
+            return (cols, rows) if lin.transposed else (rows, cols)
+
+        q_rows = shape(anatomy.layer.attention_output)[1]
         head_dim = q_rows // heads
-        ins = [meta[f"{layer0}{lin.path}.weight"][0] for lin in anatomy.layer.attention_inputs]
+        ins = [shape(lin)[0] for lin in anatomy.layer.attention_inputs]
         if len(ins) == 1:
             kv = (ins[0] // head_dim - heads) // 2
         elif len(ins) == 2:
             kv = min(ins) // (2 * head_dim) if min(ins) != q_rows else max(ins) // (2 * head_dim)
         else:
             kv = sorted(ins)[0] // head_dim
-        intermediate = meta[f"{layer0}{anatomy.layer.mlp_output.path}.weight"][1]
+        intermediate = shape(anatomy.layer.mlp_output)[1]
         out_path = re.compile(rf"{re.escape(lp)}\.\d+\.{re.escape(anatomy.layer.attention_output.path)}\.weight")
         layers = len([k for k in meta if out_path.fullmatch(k)])
         return Dims(hidden, heads, kv, head_dim, intermediate, vocab, layers)

@@ -15,7 +15,11 @@ tensor, with ``{i}`` standing for the decoder layer index:
 - ``swap_halves`` exchanges the two row halves of a packed gate/up projection;
 - ``normalize_rows`` applies a head that normalises its weight rows at inference (Baichuan 2's
   ``NormHead``) once, so a plain linear head computes the same;
-- ``zeros`` makes a tensor the original does not have (a bias the native class insists on).
+- ``zeros`` makes a tensor the original does not have (a bias the native class insists on);
+- ``transpose`` turns a weight stored ``[in, out]`` (GPT-2's ``Conv1D``) into ``[out, in]``,
+  before any ``take``;
+- ``cat`` stacks the rows of several part recipes (each with its own ``src``, ``take``...):
+  GPTBigCode's one ``c_attn`` from a separate query and a packed key/value projection.
 
 ``convert_state`` applies a plan to an in-memory state dict (the proofs) and ``convert_folder``
 streams a checkpoint on disk (safetensors, or PyTorch ``.bin`` read with
@@ -45,21 +49,28 @@ class PlanError(Exception):
     pass
 
 
+def _with_sources(recipe: Recipe, name: Callable[[str], str]) -> Recipe:
+    """The recipe with ``name`` applied to its source (and to each ``cat`` part's)."""
+    r = dict(recipe)
+    if "src" in r:
+        r["src"] = name(r["src"])
+    if "cat" in r:
+        r["cat"] = [_with_sources(part, name) for part in r["cat"]]
+    return r
+
+
 def expand(plan: list[Recipe], layers: int) -> list[Recipe]:
-    """The recipes with ``{i}`` replaced by every layer index."""
+    """The recipes with ``{i}`` replaced by every layer index (``{n+k}``: the k-th module
+    after the last layer)."""
     out = []
     for recipe in plan:
         if "{i}" in recipe["out"]:
             for i in range(layers):
-                r = dict(recipe)
+                r = _with_sources(recipe, lambda src, i=i: LAYER_INDEX.sub(lambda m: str(i + int(m.group(1) or 0)), src))
                 r["out"] = recipe["out"].replace("{i}", str(i))
-                if "src" in recipe:
-                    r["src"] = LAYER_INDEX.sub(lambda m, i=i: str(i + int(m.group(1) or 0)), recipe["src"])
                 out.append(r)
-        elif "src" in recipe and "{n+" in recipe["src"]:
-            out.append({**recipe, "src": AFTER_LAYERS.sub(lambda m: str(layers + int(m.group(1))), recipe["src"])})
         else:
-            out.append(recipe)
+            out.append(_with_sources(recipe, lambda src: AFTER_LAYERS.sub(lambda m: str(layers + int(m.group(1))), src)))
     return out
 
 
@@ -108,7 +119,12 @@ def _permute_rotary(tensor: torch.Tensor, spec: dict[str, Any]) -> torch.Tensor:
 def make(recipe: Recipe, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
     if "zeros" in recipe:
         return torch.zeros([int(s) for s in recipe["zeros"]], dtype=getattr(torch, recipe.get("dtype", "float32")))
+    if "cat" in recipe:  # ``transpose`` here applies to the stacked rows
+        stacked = torch.cat([make(part, get) for part in recipe["cat"]], dim=0)
+        return (stacked.t() if recipe.get("transpose") else stacked).contiguous()
     tensor = get(recipe["src"])
+    if recipe.get("transpose"):
+        tensor = tensor.t()
     if recipe.get("take"):
         tensor = _take(tensor, recipe["take"])
     if recipe.get("swap_halves"):
@@ -122,7 +138,13 @@ def make(recipe: Recipe, get: Callable[[str], torch.Tensor]) -> torch.Tensor:
 
 
 def sources(plan: Iterable[Recipe]) -> set[str]:
-    return {r["src"] for r in plan if "src" in r}
+    """Every original tensor the recipes read (``cat`` parts included)."""
+    found: set[str] = set()
+    for r in plan:
+        if "src" in r:
+            found.add(r["src"])
+        found |= sources(r.get("cat", ()))
+    return found
 
 
 def convert_state(plan: list[Recipe], layers: int, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from hfcheck.porter.reference.run import ReferenceRun
 from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
-from hfcheck.porter.retarget.plan import PlanError, Recipe, convert_state, expand
+from hfcheck.porter.retarget.plan import PlanError, Recipe, convert_state, expand, sources
 from hfcheck.porter.retarget.targets import TARGETS, Hypothesis
 
 TOLERANCE = 1e-4
@@ -133,7 +133,7 @@ def _try(hyp: Hypothesis, run: ReferenceRun, dims: Dims, tiny_config: dict[str, 
         if hyp.plan is not None:
             plan = hyp.plan(dims)
             converted = convert_state(plan, dims.layers, state)
-            missing, unexpected = _strict_load(model, converted)
+            missing, unexpected = load_planned(model, converted)
         else:
             model, missing, unexpected = _load_same_names(native_cfg, state)
     except (PlanError, RuntimeError, ValueError, KeyError) as exc:
@@ -157,8 +157,18 @@ def _try(hyp: Hypothesis, run: ReferenceRun, dims: Dims, tiny_config: dict[str, 
     return attempt, Found(hyp, plan, native_cfg, [{"name": "random weights, eager", **cmp}])
 
 
-def _strict_load(model, converted: dict[str, Any]) -> tuple[list[str], list[str]]:
+def load_planned(model, converted: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Load exactly the plan's tensors; a name the native class ties to a planned one (the
+    head of a tied model) takes that tensor, as ``from_pretrained`` would."""
     keys = set(model.state_dict())
+    shared: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(param), []).append(name)
+    for names in shared.values():
+        given = [n for n in names if n in converted]
+        for name in names:
+            if given and name not in converted:
+                converted[name] = converted[given[0]]
     missing = sorted(keys - set(converted))
     unexpected = sorted(set(converted) - keys)
     if not missing and not unexpected:
@@ -197,7 +207,7 @@ def _unused_parameters(run: ReferenceRun, plan: list[Recipe] | None, state: dict
         return []
     params = {f"{m['name']}.{p}" if m["name"] else p for m in run.result.get("modules", []) for p in m["params"]}
     n = layer_count(run)
-    used = {r["src"] for r in expand(plan, n) if "src" in r}
+    used = sources(expand(plan, n))
     tied = {b for a, b in run.result.get("tied", [])} | {a for a, b in run.result.get("tied", [])}
     return sorted(p for p in params if p not in used and not (p in tied and any(t in used for t in tied)))
 

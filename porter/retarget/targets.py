@@ -227,6 +227,24 @@ def _head_recipes(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], list[Recip
         yield {"head": f"{anatomy.head} ({anatomy.head_class}) normalises its rows"}, [{"out": "lm_head.weight", "src": f"{anatomy.head}.weight", "normalize_rows": True}]
 
 
+def _finish(anatomy: Anatomy, recipes: list[Recipe]) -> list[Recipe]:
+    """Mark the recipes that read a weight stored ``[in, out]`` (GPT-2's ``Conv1D``) to be
+    transposed: every target's plan ends here, so the readings above stay layout-free."""
+    stored_transposed = anatomy.transposed()
+    if not stored_transposed:
+        return recipes
+
+    def mark(r: Recipe) -> Recipe:
+        r = dict(r)
+        if r.get("src") in stored_transposed:
+            r["transpose"] = True
+        if "cat" in r:
+            r["cat"] = [mark(part) for part in r["cat"]]
+        return r
+
+    return [mark(r) for r in recipes]
+
+
 # ---------------------------------------------------------------------- targets
 
 
@@ -265,6 +283,8 @@ class LlamaFamily(Target):
             return "LayerNorm without a bias (neither RMSNorm nor transformers' LayerNorm-with-bias classes)"
         if "layer" not in kinds and any(n.bias for n in norms):
             return "RMS norms with a bias"
+        if anatomy.positions:
+            return f"learned absolute positions ({anatomy.positions}), not rotary"
         if anatomy.rotary is None:
             return "no rotary embedding (inv_freq) was found: position information comes another way (ALiBi, learned positions)"
         if layer.other_params or anatomy.extra_params:
@@ -355,7 +375,7 @@ class LlamaFamily(Target):
                             recipes.append({"out": f"{prefix}mlp.{part}_proj.bias", "zeros": [size]})
                 recipes += _norm_recipes(anatomy, "model.norm", anatomy.final_norm, False)
                 recipes += head
-                return recipes
+                return _finish(anatomy, recipes)
 
             yield Hypothesis(model_type, arch, choices, config, plan, notes)
 
@@ -444,6 +464,8 @@ class ParallelFamily(Target):
             return "no final norm"
         if any(n.kind != "layer" for n in layer.norms + [anatomy.final_norm]):
             return "the norms are not LayerNorms"
+        if anatomy.positions:
+            return f"learned absolute positions ({anatomy.positions}), not rotary"
         if anatomy.rotary is None:
             return "no rotary embedding (inv_freq) was found: position information comes another way (ALiBi, learned positions)"
         if layer.other_params or anatomy.extra_params:
@@ -517,9 +539,126 @@ class ParallelFamily(Target):
                                   f"{prefix}self_attn.v_proj.bias": d.kv_heads * d.head_dim, f"{prefix}self_attn.dense.bias": d.hidden})
                 have = {r["out"] for r in recipes}
                 recipes += [{"out": name, "zeros": [size]} for name, size in sizes.items() if name not in have]
+                return _finish(anatomy, recipes)
+
+            yield Hypothesis(model_type, arch, choices, config, plan, length_notes(original))
+
+
+def _packed_qkv(recipes: list[Recipe], out: str, dims: Dims, bias: bool) -> list[Recipe]:
+    """One ``[q | k | v]`` projection (GPTBigCode's ``c_attn``) from a q/k/v reading's recipes,
+    whatever the original packed: the parts' rows stacked, zeros for a bias the original lacks."""
+    by = {(r["role"], r["out"].rpartition(".")[2]): r for r in recipes}
+    sizes = {"q": dims.heads * dims.head_dim, "k": dims.kv_heads * dims.head_dim, "v": dims.kv_heads * dims.head_dim}
+
+    def part(role: str, kind: str) -> Recipe:
+        r = by.get((role, kind))
+        if r is None:
+            return {"zeros": [sizes[role]]}
+        return {k: v for k, v in r.items() if k not in ("out", "role")}
+
+    packed = [{"out": f"{out}.weight", "cat": [part(role, "weight") for role in "qkv"]}]
+    if bias:
+        packed.append({"out": f"{out}.bias", "cat": [part(role, "bias") for role in "qkv"]})
+    return packed
+
+
+class LearnedPositionsFamily(Target):
+    """GPT-2-style layers: learned absolute positions added to the token embedding, two
+    LayerNorms in sequence, a plain two-layer MLP, a final LayerNorm. ``gpt2`` (vLLM native)
+    where every head has its own key and value; ``gpt_bigcode`` (vLLM's transformers backend)
+    where the heads share one (multi-query, SantaCoder/StarCoder). The original's projections
+    may be ``nn.Linear`` or GPT-2's ``Conv1D``, q/k/v packed or not: the plan stacks them into
+    the native ``c_attn`` and writes each weight in the native class's own layout (GPT-2
+    keeps ``Conv1D``'s ``[in, out]``)."""
+
+    name = "learned positions family (gpt2, gpt_bigcode)"
+
+    def match(self, anatomy, original):
+        if anatomy is None:
+            return "no anatomy"
+        layer = anatomy.layer
+        if not anatomy.positions:
+            return "no learned absolute position embedding"
+        if anatomy.rotary is not None and anatomy.rotary.get("from") != "config":
+            return "rotary embedding besides learned positions"
+        if layer.parallel or len(layer.norms) != 2:
+            return f"{len(layer.norms)} norm(s) per layer; GPT-2 has two, in sequence"
+        if anatomy.final_norm is None:
+            return "no final norm"
+        if any(n.kind != "layer" for n in layer.norms + [anatomy.final_norm]):
+            return "the norms are not LayerNorms"
+        if layer.other_params or anatomy.extra_params:
+            return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
+        if len(layer.mlp_inputs) != 1 or layer.mlp_inputs[0].out != anatomy.dims.intermediate:
+            return "the MLP is not a plain two-layer MLP (one projection up, one down)"
+        d = anatomy.dims
+        if d.heads * d.head_dim != d.hidden:
+            return f"{d.heads} heads of {d.head_dim} do not make the hidden size {d.hidden}"
+        if d.kv_heads not in (1, d.heads):
+            return f"{d.kv_heads} key/value heads for {d.heads} query heads: GPT-2 has one per head, GPTBigCode one in all"
+        if anatomy.head_bias:
+            return "the output head has a bias"
+        return None
+
+    def hypotheses(self, anatomy, original):
+        layer = anatomy.layer
+        dims = anatomy.dims
+        multi_query = dims.kv_heads == 1 and dims.heads > 1
+        model_type, arch = ("gpt_bigcode", "GPTBigCodeForCausalLM") if multi_query else ("gpt2", "GPT2LMHeadModel")
+        act = anatomy.hidden_act or "gelu_new"
+        eps = layer.norms[0].eps or 1e-5
+        for (qkv_choice, qkv), (head_choice, head) in itertools.product(list(_qkv_readings(anatomy)), list(_head_recipes(anatomy))):
+            if head_choice:
+                continue  # a normalising head has no counterpart here
+            choices = {"target": arch, **qkv_choice}
+
+            def config(d: Dims, original: dict[str, Any], model_type=model_type, arch=arch) -> dict[str, Any]:
+                cfg = _common_config(model_type, arch, d, original, anatomy)
+                for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+                    cfg.pop(key, None)
+                cfg.update(n_embd=d.hidden, n_layer=d.layers, n_head=d.heads, n_inner=d.intermediate, n_positions=trained_length(original) or 1024,
+                           activation_function=act, layer_norm_epsilon=eps, scale_attn_weights=bool(original.get("scale_attn_weights", True)),
+                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                if model_type == "gpt_bigcode":
+                    cfg.update(multi_query=True, attention_softmax_in_fp32=True, scale_attention_softmax_in_fp32=True)
+                else:
+                    cfg.update(scale_attn_by_inverse_layer_idx=bool(original.get("scale_attn_by_inverse_layer_idx", False)),
+                               reorder_and_upcast_attn=False)
+                return cfg
+
+            def plan(d: Dims, model_type=model_type, qkv=qkv, head=head) -> list[Recipe]:
+                prefix = "transformer.h.{i}."
+                src = anatomy.layer_src
+                qkv_bias = any(lin.bias for lin in layer.attention_inputs)
+                attn = _packed_qkv(qkv(d, prefix + "attn."), prefix + "attn.c_attn", d, True)
+                recipes = [{"out": "transformer.wte.weight", "src": f"{anatomy.embed}.weight"},
+                           {"out": "transformer.wpe.weight", "src": f"{anatomy.positions}.weight"}]
+                recipes += _norm_recipes(anatomy, prefix + "ln_1", layer.norms[0], True)
+                if not qkv_bias:
+                    attn[1] = {"out": attn[1]["out"], "zeros": [d.heads * d.head_dim + 2 * d.kv_heads * d.head_dim]}
+                recipes += attn
+                for native, lin in (("attn.c_proj", layer.attention_output), ("mlp.c_fc", layer.mlp_inputs[0]), ("mlp.c_proj", layer.mlp_output)):
+                    recipes.append({"out": f"{prefix}{native}.weight", "src": f"{src}.{lin.path}.weight"})
+                    recipes.append({"out": f"{prefix}{native}.bias", **({"src": f"{src}.{lin.path}.bias"} if lin.bias else {"zeros": [lin.out]})})
+                    if native == "attn.c_proj":
+                        recipes += _norm_recipes(anatomy, prefix + "ln_2", layer.norms[1], True)
+                recipes += _norm_recipes(anatomy, "transformer.ln_f", anatomy.final_norm, False)
+                recipes += head
+                for norm_out in (prefix + "ln_1", prefix + "ln_2", "transformer.ln_f"):
+                    if not any(r["out"] == f"{norm_out}.bias" for r in recipes):
+                        recipes.append({"out": f"{norm_out}.bias", "zeros": [d.hidden]})
+                recipes = _finish(anatomy, recipes)
+                if model_type == "gpt2":  # GPT-2 keeps Conv1D: every projection weight stored [in, out]
+                    recipes = [_stored_transposed(r) if r["out"].endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) else r for r in recipes]
                 return recipes
 
             yield Hypothesis(model_type, arch, choices, config, plan, length_notes(original))
 
 
-TARGETS: tuple[Target, ...] = (SameNames(), LlamaFamily(), ParallelFamily())
+def _stored_transposed(recipe: Recipe) -> Recipe:
+    """The recipe's tensor written ``[in, out]`` (the native class is a Conv1D)."""
+    inner = {k: v for k, v in recipe.items() if k != "out"}
+    return {"out": recipe["out"], "cat": [inner], "transpose": True}
+
+
+TARGETS: tuple[Target, ...] = (SameNames(), LlamaFamily(), ParallelFamily(), LearnedPositionsFamily())
