@@ -406,6 +406,21 @@ def test_a_registry_name_kept_for_another_generation_is_not_native(tmp_path, cap
                                      capture_output=True, text=True, check=False).stdout)["model"].get("vllm_native_mismatch") is None
 
 
+def test_code_that_looks_up_its_special_tokens_in_the_input_gets_them(capsys):
+    """ChatGLM-6B v1 (real code) finds BOS with ``seq.tolist().index(bos_token_id)`` and then
+    [MASK] or [gMASK] the same way; random proof ids hold neither ("130004 is not in list").
+    The reference runs again with the ids ending in each token the code looked for, in the
+    order its tokenizer writes them ([MASK] then BOS), and then it runs."""
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.reference.establish import establish
+
+    config = json.loads((PUBLISHED / "chatglm-6b" / "config.json").read_text())
+    reference = establish(resolve(str(PUBLISHED / "chatglm-6b")))
+    assert reference.run.ok, reference.run.error
+    ending = [config["mask_token_id"], config["bos_token_id"]]
+    assert all(seq[-2:] == ending and ending[0] not in seq[:-2] for seq in reference.input_ids)
+
+
 def test_non_empty_output_folder_is_an_error(tmp_path, capsys):
     src = copy_fixture("legacy", tmp_path)
     out = tmp_path / "out"

@@ -9,6 +9,7 @@ a few well-known 4.x releases below it that imports the code is used, and the re
 from __future__ import annotations
 
 import random
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,6 +166,15 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
                 log(f"the original fails with {first(tiny, 'heads')} heads ({run.error}); again with its real {real_heads} heads of {head_dim}")
             tiny = shrink_config(config, head_dim=head_dim, max_heads=real_heads)
             run = run_original(tiny)
+        searched: list[int] = []
+        while not run.ok and len(searched) < 4 and (token := searched_token(run, tiny, searched)) is not None:
+            # code that looks its special tokens up in the input (ChatGLM-6B finds BOS and [gMASK]
+            # with `seq.index(...)`): the ids end with them, in the order its tokenizer writes
+            searched.insert(0, token)
+            ids = [seq[:len(seq) - len(searched)] + searched for seq in ids]
+            if log:
+                log(f"the original looks for token {token} in the input ({run.error}); again with ids ending in {searched}")
+            run = run_original(tiny)
         needs = _needs_a_gpu(run)
         if needs:
             # written for GPUs: constructed and run again with CPU stand-ins that keep its function (gpu_shims.py)
@@ -190,6 +200,24 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             continue
         return Reference(env, why, packages, not_installed, tiny, ids, run, tried, shims)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
+
+
+SEARCHED_TOKEN = re.compile(r"ValueError: (\d+) is not in list")
+
+
+def searched_token(run: ReferenceRun, tiny: dict[str, Any], already: list[int]) -> int | None:
+    """The special token id the original looked for in the input and did not find (``list.index``'s
+    ``ValueError: N is not in list``), when N is one of the config's ``*_token_id`` values and
+    inside the shrunk vocabulary; None otherwise (the failure is something else)."""
+    match = SEARCHED_TOKEN.search(run.error or "")
+    if not match:
+        return None
+    token = int(match.group(1))
+    named = {v for k, v in tiny.items() if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool)}
+    vocab = first(tiny, "vocab")
+    if token not in named or token in already or not (isinstance(vocab, int) and 0 <= token < vocab):
+        return None
+    return token
 
 
 def _real_head_dim(config: dict[str, Any]) -> int | None:
