@@ -386,6 +386,20 @@ def test_a_model_vllm_serves_natively_is_not_ported_unless_asked(tmp_path, capsy
     assert port_error(capsys, "port", str(src), "--path", "backend") == "--out DIR is required to write the ported model"  # went past it
 
 
+def test_chatglm3_ported_for_the_backend_keeps_its_rotary_base_exactly(tmp_path, capsys):
+    """ChatGLM3 (real code) with ``--path backend``: GlmForCausalLM. Its inv_freq buffer is
+    built in the config's float16 and reads back as base 10009.8; the retarget takes 10000 (a
+    base 0.1% off passes the shrunk proof at 3.8e-05 but drifts with the position at full
+    length), and the logits then agree to float32 rounding."""
+    out = tmp_path / "out"
+    code, result = port_json(PUBLISHED / "chatglm3-6b", out, capsys, "--path", "backend")
+    assert code == 0 and result["path"] == "retarget" and result["retarget"]["target"] == "GlmForCausalLM", result["message"]
+    assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_theta"] == 10000.0
+    assert any("reads back 10009.8" in line for line in result["retarget"]["anatomy"])
+    assert_proven(result)
+    assert max(c["max_rel_error"] for c in result["proof"]["checks"] if c.get("max_rel_error") is not None) < 5e-6
+
+
 def test_a_registry_name_kept_for_another_generation_is_not_native(tmp_path, capsys):
     """ChatGLM-6B v1 (real code) carries ``ChatGLMModel``, the name vLLM registers its
     ChatGLM2/3 class under; v1's config lacks the keys that class is written against, so it is

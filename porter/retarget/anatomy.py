@@ -129,6 +129,8 @@ class Anatomy:
         positions = f"learned absolute positions `{self.positions}`" if self.positions else ""
         rotary = (f"rotary on {self.rotary['dim']} of {d.head_dim} dims per head, base {self.rotary['base']:g}"
                   + (" (from the config: the code keeps no inv_freq buffer)" if self.rotary.get("from") == "config" else "")
+                  + (f" (its inv_freq buffer reads back {self.rotary['measured_base']:.6g}: low precision)"
+                     if abs(self.rotary.get("measured_base", self.rotary["base"]) - self.rotary["base"]) > 1e-6 * self.rotary["base"] else "")
                   if self.rotary else "no rotary embedding found")
         where = f"`{self.layers_path}`" + (f" (from index {self.layer_offset}, inside an nn.Sequential)" if self.layer_offset else "")
         return [
@@ -167,15 +169,37 @@ def _is_norm(module: dict[str, Any], hidden: int) -> bool:
             and all(shape == [hidden] for shape in params.values()) and any(n in params for n in ("weight", "scale", "g", "gamma")))
 
 
-def rotary_from_buffers(modules: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Base and dimension of the rotary embedding from an ``inv_freq`` buffer."""
+def rotary_from_buffers(modules: list[dict[str, Any]], config: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Base and dimension of the rotary embedding from an ``inv_freq`` buffer.
+
+    The buffer may be half precision (ChatGLM3 builds it in the config's float16), which reads
+    the base back 0.1% off (10009.8 for 10000): a base the config states (or 10000 scaled by
+    ChatGLM's ``rope_ratio``) within 1% of the measured one is taken, else a round number
+    within 0.2%, else the measured value. The error would grow with the position, past what
+    the shrunk proof checks."""
     for m in modules:
         values = m.get("small_buffers", {}).get("inv_freq")
         if values and len(values) >= 2 and values[0] > 0 and 0 < values[1] < 1:
             dim = 2 * len(values)
-            base = values[1] ** (-dim / 2)
-            return {"dim": dim, "base": _round_base(base), "module": m["name"], "class": m["class"]}
+            measured = values[1] ** (-dim / 2)
+            return {"dim": dim, "base": _settled_base(measured, config or {}), "measured_base": measured, "module": m["name"], "class": m["class"]}
     return None
+
+
+def _settled_base(measured: float, config: dict[str, Any]) -> float:
+    stated = [float(config[k]) for k in ("rope_theta", "rotary_emb_base", "rotary_base", "rope_base")
+              if isinstance(config.get(k), (int, float)) and not isinstance(config.get(k), bool) and config[k] > 0]
+    ratio = config.get("rope_ratio")
+    stated.append(10000.0 * float(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and ratio > 0 else 10000.0)
+    near = [b for b in stated if abs(b - measured) / b < 0.01]
+    if near:
+        return min(near, key=lambda b: abs(b - measured))
+    if measured > 0 and math.isfinite(measured):
+        digits = 1 - int(math.floor(math.log10(measured)))
+        nice = float(round(measured, digits))
+        if nice > 0 and abs(nice - measured) / nice < 0.002:
+            return nice
+    return _round_base(measured)
 
 
 def rotary_from_config(config: dict[str, Any], head_dim: int) -> dict[str, Any] | None:
@@ -331,7 +355,7 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
     if final_norm is not None:
         final_norm.path = generic(final_norm.path)
     return Anatomy(layers_path, generic(vocab_embed["name"]), generic(head["name"]) if head else None, head["class"] if head else None, final_norm, layer,
-                   dims, rotary_from_buffers(modules) or rotary_from_config(tiny_config, d), extra, act,
+                   dims, rotary_from_buffers(modules, tiny_config) or rotary_from_config(tiny_config, d), extra, act,
                    head_bias, offset, generic(positions["name"]) if positions else None)
 
 
