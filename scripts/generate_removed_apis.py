@@ -2,9 +2,10 @@
 
 The curated table in ``analyzer/remote/removed_apis.py`` names the removals old remote code is
 known to hit, each with its replacement and the release it vanished in. It was built from the
-fixtures; this table is built from transformers itself: the last 4.x release (4.57.6, run in an
-hfcheck reference environment) against 5.0.0, 5.20.2 and the installed 5.x one (the first
-without a name is its ``gone_in``), over
+fixtures; this table is built from transformers itself: 4.x releases from 4.30 to the last one
+(4.57.6, each run in an hfcheck reference environment), then 5.0.0, 5.20.2 and the installed
+5.x one; a name is gone between the last surveyed release that has it and the next one (4.x
+removed some itself: ``SequenceSummary`` left ``modeling_utils`` before 4.57), over
 
 - every module file of the package (``transformers.modeling_attn_mask_utils``,
   ``transformers.modeling_tf_utils``, ...): present in 4.57, absent now;
@@ -22,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+EARLIER = ("4.30.0", "4.36.2", "4.44.0", "4.46.3", "4.51.3")  # names 4.x itself removed (SequenceSummary, gone from modeling_utils in 4.x)
 OLD = "4.57.6"
 LATER = ("5.0.0", "5.20.2")  # surveyed too: the first release without a name is its gone_in (5.20.2: what vLLM 0.33 pins)
 OUT = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "transformers_removed.json"
@@ -82,35 +84,33 @@ def survey(python: str) -> dict:
 def main() -> None:
     from hfcheck.porter.reference.environments import EnvSpec, ensure_env
 
-    old = survey(str(ensure_env(EnvSpec(OLD), log_fn=print).python))
-    releases = [survey(str(ensure_env(EnvSpec(v), log_fn=print).python)) for v in LATER] + [survey(sys.executable)]
+    surveys = [survey(str(ensure_env(EnvSpec(v), log_fn=print).python)) for v in EARLIER + (OLD,) + LATER] + [survey(sys.executable)]
+    newest = surveys[-1]
 
-    def gone_in(present) -> list[str] | None:
-        """[the last surveyed release that has it, the first that does not]: it vanished between them."""
-        if present(releases[-1]):
-            return None  # back by the newest release (a deprecated alias restored): not removed
-        previous = old["version"]
-        for r in releases:
-            if not present(r):
-                return [previous, r["version"]]
-            previous = r["version"]
-        return None
+    def gone_in(there, still) -> list[str] | None:
+        """[the last surveyed release that has it, the next one surveyed]: it vanished between
+        them. ``there``: really present in a release; ``still``: not (yet) gone from the newest."""
+        if still(newest):
+            return None  # back by the newest release (a deprecated alias restored), or never gone
+        last = max((i for i, r in enumerate(surveys[:-1]) if there(r)), default=None)
+        return None if last is None else [surveys[last]["version"], surveys[last + 1]["version"]]
 
     modules: dict[str, list[str]] = {}
-    for m in old["modules"]:
+    for m in sorted({m for r in surveys[:-1] for m in r["modules"]}):
         if ".models." in m and not m.rpartition(".")[2].startswith("modeling_"):
             continue
-        if (v := gone_in(lambda r, m=m: m in r["modules"])) is not None and not _importable(m):  # no file, and no alias left either
+        present = lambda r, m=m: m in r["modules"]  # noqa: E731
+        if (v := gone_in(present, present)) is not None and not _importable(m):  # no file, and no alias left either
             modules[m] = v
     names: dict[str, dict[str, list[str]]] = {}
-    for m, ns in old["names"].items():
-        for n in ns:
-            v = gone_in(lambda r, m=m, n=n: m not in r["every"] or n in r["every"][m])  # there at all, whatever its origin now
-            if v is not None:
-                names.setdefault(m, {})[n] = v
-    table = {"last_4x": old["version"], "surveyed": [r["version"] for r in releases], "modules": modules, "names": names}
+    for m, n in sorted({(m, n) for r in surveys[:-1] for m, ns in r["names"].items() for n in ns}):
+        there = lambda r, m=m, n=n: n in r["every"].get(m, ())  # noqa: E731
+        still = lambda r, m=m, n=n: m not in r["every"] or n in r["every"][m]  # noqa: E731 - a module that no longer imports is the module table's
+        if (v := gone_in(there, still)) is not None:
+            names.setdefault(m, {})[n] = v
+    table = {"last_4x": OLD, "surveyed": [r["version"] for r in surveys], "modules": modules, "names": names}
     OUT.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    print(f"{len(modules)} modules, {sum(map(len, names.values()))} names gone after {old['version']} (surveyed {table['surveyed']}) -> {OUT}")
+    print(f"{len(modules)} modules, {sum(map(len, names.values()))} names gone (surveyed {table['surveyed']}) -> {OUT}")
 
 
 if __name__ == "__main__":
