@@ -124,6 +124,18 @@ def match_import(module: str, name: str | None) -> RemovedAPI | None:
     return _generated(module, name) if module == "transformers" or module.startswith("transformers.") else None
 
 
+ADJACENT = {("4.57.6", "5.0.0")}
+"""Surveyed release pairs with no release between them: the removal's release is exact."""
+
+
+def when_removed(api: RemovedAPI) -> str:
+    """When the API went, as precisely as the evidence says: the curated entries and adjacent
+    surveyed releases name the release; a span of surveyed releases only bounds it."""
+    if api.replacement != GENERATED_REPLACEMENT or (api.last_seen, api.gone_in) in ADJACENT:
+        return f"removed in transformers {api.gone_in} (last in {api.last_seen})"
+    return f"removed between transformers {api.last_seen} and {api.gone_in}"
+
+
 def match_attribute(attr: str) -> RemovedAPI | None:
     for api in REMOVED:
         if api.kind == "attr" and attr in api.names:

@@ -36,7 +36,7 @@ def check_removed_apis(index: CodeIndex) -> Iterator[CodeFinding]:
             hits += 1
             present = env.transformers_still_has(api.gone_in)
             what = f"imports {imp.qualified}"
-            gone = f"removed in transformers {api.gone_in} (last in {api.last_seen})"
+            gone = removed_apis.when_removed(api)
             if present == "all":
                 yield CodeFinding("HFC811", "warn", file.path, imp.line, f"{what}: still in {where}, {gone}: a later vLLM will refuse the code",
                                   f"Stop using it before upgrading: {api.replacement}.")
