@@ -87,6 +87,17 @@ def test_legacy_findings_say_why():
     assert flash["status"] == "fail" and "flash_attn" in flash["message"] and "vLLM 0.33.0's environment" in flash["message"]
 
 
+def test_blocks_inside_a_sequential_and_einsum_attention_are_found():
+    """MixFormer-style code (the ``sequential`` fixture): the decoder blocks are the repeated
+    ones inside an ``nn.Sequential`` beside the embedding and the head, their attention is the
+    ``mixer`` (class ``MHA``, no "Attention" in its name), computed by hand with two einsums
+    whose equations transpose K (no ``.transpose`` call to see)."""
+    lines = by_line("sequential")
+    assert lines[("HFC801", 53)]["status"] == "fail" and lines[("HFC801", 53)]["message"].startswith("MHA.forward does not dispatch")
+    assert lines[("HFC803", 60)]["status"] == "fail" and "softmax(Q K^T) V by hand" in lines[("HFC803", 60)]["message"]
+    assert not any(code == "HFC801" and "no attention module found" in f["message"] for (code, _), f in lines.items())
+
+
 def test_experts_findings_name_the_problem():
     lines = by_line("experts")
     assert "named `experts`" in lines[("HFC808", 91)]["message"]

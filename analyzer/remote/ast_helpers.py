@@ -113,3 +113,74 @@ def passes_source_test(text: str) -> bool:
     if re.search(r"^class \w*Attention\w*\(nn\.Module\):", text, re.MULTILINE):
         return "ALL_ATTENTION_FUNCTIONS.get_interface(" in text
     return True
+
+
+# --------------------------------------------------------------------------- attention by hand
+
+
+_DIRECT_ATTENTION = {
+    "scaled_dot_product_attention": "torch's scaled_dot_product_attention",
+    "flash_attn_func": "flash_attn",
+    "flash_attn_varlen_func": "flash_attn",
+    "flash_attn_qkvpacked_func": "flash_attn",
+    "flash_attn_kvpacked_func": "flash_attn",
+    "flash_attn_varlen_qkvpacked_func": "flash_attn",
+    "flash_attn_varlen_kvpacked_func": "flash_attn",
+    "flash_attn_with_kvcache": "flash_attn",
+    "memory_efficient_attention": "xformers",
+    "_flash_attention_forward": "transformers' flash-attention helper",
+}
+
+
+def _transposed(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("transpose", "permute"):
+            return True
+        if isinstance(sub, ast.Attribute) and sub.attr == "mT":
+            return True
+    return False
+
+
+def _matmuls(file: FileIndex, funcdef: ast.AST) -> list[ast.AST]:
+    out: list[ast.AST] = []
+    for node in ast.walk(funcdef):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            out.append(node)
+        elif isinstance(node, ast.Call):
+            name = file.call_name(node) or ""
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if name in ("torch.matmul", "torch.bmm", "torch.einsum", "torch.baddbmm") or method in ("matmul", "bmm"):
+                out.append(node)
+    return out
+
+
+def _softmaxes(file: FileIndex, funcdef: ast.AST) -> list[ast.Call]:
+    out = []
+    for node in ast.walk(funcdef):
+        if isinstance(node, ast.Call):
+            name = file.call_name(node) or ""
+            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if name.endswith("softmax") or method == "softmax":
+                out.append(node)
+    return out
+
+
+def attention_by_hand(file: FileIndex, funcdef: ast.AST) -> tuple[ast.AST, str] | None:
+    """(node, what) when ``funcdef`` computes attention itself: a direct SDPA / flash_attn
+    call, or softmax(Q K^T) V written with matmuls."""
+    for node in ast.walk(funcdef):
+        if isinstance(node, ast.Call):
+            name = file.call_name(node) or ""
+            short = name.rpartition(".")[2] if name else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
+            if short in _DIRECT_ATTENTION:
+                return node, f"calls {name or short} directly ({_DIRECT_ATTENTION[short]})"
+    mm = _matmuls(file, funcdef)
+    soft = _softmaxes(file, funcdef)
+    if soft and len(mm) >= 2 and any(_transposed(m) or _einsum(file, m) for m in mm):
+        return soft[0], "computes softmax(Q K^T) V by hand"
+    return None
+
+
+def _einsum(file: FileIndex, node: ast.AST) -> bool:
+    """``torch.einsum("bthd,bshd->bhts", q, k)``: the equation transposes (MixFormer's attention)."""
+    return isinstance(node, ast.Call) and (file.call_name(node) or "") == "torch.einsum"

@@ -14,7 +14,7 @@ from typing import Any
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names, is_call_to
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex
 
-ATTENTION_ATTRS = ("self_attn", "attn", "attention", "self_attention", "attn_layer")
+ATTENTION_ATTRS = ("self_attn", "attn", "attention", "self_attention", "attn_layer", "mixer")  # mixer: MixFormer, phi-2's first code
 _ATTENTION_NAME = re.compile(r"Attention|Attn", re.IGNORECASE)
 
 
@@ -27,6 +27,7 @@ class Roles:
     layer_lists: list[tuple[str, int, str]]  # (attr, line, file) of nn.ModuleList assignments in the base model
     decoder_layers: list[ClassInfo]
     attention: dict[str, tuple[ClassInfo, str | None]]  # class name -> (class, attr in the decoder layer)
+    sequential: frozenset[str] = frozenset()  # layer lists that are an nn.Sequential: [0], [-1] are its one-off modules
 
 
 def auto_map_classes(index: CodeIndex, config: dict[str, Any]) -> dict[str, ClassInfo]:
@@ -49,16 +50,31 @@ def auto_map_classes(index: CodeIndex, config: dict[str, Any]) -> dict[str, Clas
 
 
 def module_lists(index: CodeIndex, cls: ClassInfo) -> list[tuple[str, ast.expr, int, ClassInfo]]:
-    """``self.x = nn.ModuleList(...)`` in ``cls.__init__`` (and its local bases), in source order."""
+    """``self.x = nn.ModuleList(...)`` in ``cls.__init__`` (and its local bases), in source order;
+    also ``self.x = nn.Sequential(...)`` holding repeated blocks (MixFormer keeps embedding,
+    blocks and head in one), where the value is the comprehensions that build the blocks."""
     out: list[tuple[str, ast.expr, int, ClassInfo]] = []
     for c in index.mro(cls):
         for attr, assigns in c.self_assigns.items():
             for value, line, method in assigns:
-                if method == "__init__" and is_call_to(index.file_of(c), value, "ModuleList"):
-                    if not any(a == attr for a, _, _, _ in out):
-                        out.append((attr, value, line, c))
+                if method != "__init__" or any(a == attr for a, _, _, _ in out):
+                    continue
+                if is_call_to(index.file_of(c), value, "ModuleList"):
+                    out.append((attr, value, line, c))
+                elif is_call_to(index.file_of(c), value, "Sequential") and (blocks := _repeated_blocks(c)) is not None:
+                    out.append((attr, blocks, line, c))
     order = {id(c): i for i, c in enumerate(index.mro(cls))}
     return sorted(out, key=lambda item: (-order[id(item[3])], item[2]))
+
+
+def _repeated_blocks(cls: ClassInfo) -> ast.expr | None:
+    """The comprehensions of ``cls.__init__`` that build modules (``[Block(config, i) for i in
+    range(n)]``): the repeated layers an ``nn.Sequential`` holds beside its one-off modules."""
+    init = cls.methods.get("__init__")
+    if init is None:
+        return None
+    comps = [n.elt for n in ast.walk(init) if isinstance(n, (ast.ListComp, ast.GeneratorExp)) and isinstance(n.elt, ast.Call)]
+    return ast.List(elts=comps, ctx=ast.Load()) if comps else None
 
 
 def base_of_head(index: CodeIndex, causal: ClassInfo) -> ClassInfo | None:
@@ -85,9 +101,12 @@ def find_roles(index: CodeIndex, config: dict[str, Any]) -> Roles:
         base = next((c for c in candidates if not c.name.endswith(("ForCausalLM", "LMHeadModel"))), None) or (candidates[0] if candidates else None)
     lists: list[tuple[str, int, str]] = []
     layers: list[ClassInfo] = []
+    sequential: set[str] = set()
     if base is not None:
         for attr, value, line, owner in module_lists(index, base):
             lists.append((attr, line, owner.file))
+            if isinstance(value, ast.List):  # the blocks of an nn.Sequential (module_lists)
+                sequential.add(attr)
             for cls in index.instantiated_classes(owner, value):
                 if not any(cls is c for c in layers):
                     layers.append(cls)
@@ -124,4 +143,4 @@ def find_roles(index: CodeIndex, config: dict[str, Any]) -> Roles:
         for cls in index.classes:
             if _ATTENTION_NAME.search(cls.name) and index.is_module(cls) and "forward" in cls.methods and not index.is_pretrained_model(cls):
                 attention.setdefault(cls.name, (cls, None))
-    return Roles(autos, base, lists, layers, attention)
+    return Roles(autos, base, lists, layers, attention, frozenset(sequential))

@@ -538,8 +538,8 @@ def _auto_map(auto_map: dict, roles, index=None) -> dict:
         base = base_of_head(index, base)
         if base is not None:
             out["AutoModel"] = f"{Path(base.file).stem}.{base.name}"
-    elif "AutoModel" not in out and base is not None:
-        out["AutoModel"] = f"{Path(base.file).stem}.{base.name}"
+    elif "AutoModel" not in out and base is not None and str(out.get("AutoModelForCausalLM", "")).rpartition(".")[2] != base.name:
+        out["AutoModel"] = f"{Path(base.file).stem}.{base.name}"  # (MixFormer has no base apart from its causal-LM class: none named)
     return out
 
 

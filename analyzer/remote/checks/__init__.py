@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hfcheck.analyzer.remote.ast_helpers import dispatch_names, is_call_to
+from hfcheck.analyzer.remote.ast_helpers import attention_by_hand, dispatch_names, is_call_to
 from hfcheck.analyzer.remote.checks import (
     attention,
     files,
@@ -39,7 +39,6 @@ from hfcheck.analyzer.remote.checks import (
     security,
 )
 from hfcheck.analyzer.remote.checks.attention import (
-    attention_by_hand,
     check_attention,
     check_backend_flag,
     check_hand_written,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from hfcheck.analyzer.remote.ast_helpers import (
     accepts_kwargs,
+    attention_by_hand,
     dispatch_calls,
     dispatch_names,
     has_kwargs_expansion,
@@ -128,69 +129,6 @@ def _check_is_causal(index: CodeIndex, cls: ClassInfo) -> Iterator[CodeFinding]:
         yield CodeFinding("HFC807", "info", owner.file, line, f"{cls.name}.is_causal is computed (`{ast.unparse(value)}`); vLLM reads the value on the built module")
 
 
-_DIRECT_ATTENTION = {
-    "scaled_dot_product_attention": "torch's scaled_dot_product_attention",
-    "flash_attn_func": "flash_attn",
-    "flash_attn_varlen_func": "flash_attn",
-    "flash_attn_qkvpacked_func": "flash_attn",
-    "flash_attn_kvpacked_func": "flash_attn",
-    "flash_attn_varlen_qkvpacked_func": "flash_attn",
-    "flash_attn_varlen_kvpacked_func": "flash_attn",
-    "flash_attn_with_kvcache": "flash_attn",
-    "memory_efficient_attention": "xformers",
-    "_flash_attention_forward": "transformers' flash-attention helper",
-}
-
-
-def _transposed(node: ast.AST) -> bool:
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("transpose", "permute"):
-            return True
-        if isinstance(sub, ast.Attribute) and sub.attr == "mT":
-            return True
-    return False
-
-
-def _matmuls(file: FileIndex, funcdef: ast.AST) -> list[ast.AST]:
-    out: list[ast.AST] = []
-    for node in ast.walk(funcdef):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-            out.append(node)
-        elif isinstance(node, ast.Call):
-            name = file.call_name(node) or ""
-            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
-            if name in ("torch.matmul", "torch.bmm", "torch.einsum", "torch.baddbmm") or method in ("matmul", "bmm"):
-                out.append(node)
-    return out
-
-
-def _softmaxes(file: FileIndex, funcdef: ast.AST) -> list[ast.Call]:
-    out = []
-    for node in ast.walk(funcdef):
-        if isinstance(node, ast.Call):
-            name = file.call_name(node) or ""
-            method = node.func.attr if isinstance(node.func, ast.Attribute) else ""
-            if name.endswith("softmax") or method == "softmax":
-                out.append(node)
-    return out
-
-
-def attention_by_hand(file: FileIndex, funcdef: ast.AST) -> tuple[ast.AST, str] | None:
-    """(node, what) when ``funcdef`` computes attention itself: a direct SDPA / flash_attn
-    call, or softmax(Q K^T) V written with matmuls."""
-    for node in ast.walk(funcdef):
-        if isinstance(node, ast.Call):
-            name = file.call_name(node) or ""
-            short = name.rpartition(".")[2] if name else (node.func.attr if isinstance(node.func, ast.Attribute) else "")
-            if short in _DIRECT_ATTENTION:
-                return node, f"calls {name or short} directly ({_DIRECT_ATTENTION[short]})"
-    mm = _matmuls(file, funcdef)
-    soft = _softmaxes(file, funcdef)
-    if soft and len(mm) >= 2 and any(_transposed(m) for m in mm):
-        return soft[0], "computes softmax(Q K^T) V by hand"
-    return None
-
-
 def check_hand_written(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
     """HFC803: attention computed without the interface."""
     dispatching: dict[str, bool] = {}
@@ -241,12 +179,19 @@ def _hand_written(index: CodeIndex, dispatching: dict[str, bool], fallbacks: set
                 yield CodeFinding("HFC803", "warn", file.path, node.lineno, f"{fname}() {what} and is not the interface's eager fallback",
                                   "Remove it, or pass it as the fallback of ALL_ATTENTION_FUNCTIONS.get_interface(..., eager_attention_forward).")
         for cls in file.classes.values():
+            owners = _owners(index, cls)
             for mname, method in cls.methods.items():
                 hit = attention_by_hand(file, method)
                 if hit is None:
                     continue
                 node, what = hit
-                if dispatching.get(cls.name):
+                if not dispatching.get(cls.name) and owners and all(dispatching.get(o.name) for o in owners):
+                    # a helper module whose only owners dispatch themselves (MixFormer's SelfAttention
+                    # once MHA calls the interface): left on a path vLLM never runs
+                    yield CodeFinding("HFC803", "warn", file.path, node.lineno,
+                                      f"{cls.name}.{mname} {what}; {owners[0].name}, which builds it, dispatches through the interface instead: a path vLLM never runs",
+                                      "Drop the hand-written module; the interface covers eager, sdpa and flash attention.")
+                elif dispatching.get(cls.name):
                     yield CodeFinding("HFC803", "warn", file.path, node.lineno, f"{cls.name}.{mname} {what} beside the interface dispatch; vLLM never runs that path",
                                       "Drop the hand-written branch; the interface covers eager, sdpa and flash attention.")
                 else:
@@ -257,7 +202,17 @@ def _hand_written(index: CodeIndex, dispatching: dict[str, bool], fallbacks: set
 # --------------------------------------------------------------------------- HFC804: kwargs
 
 
-def _layer_call_sites(file: FileIndex, forward: ast.AST, list_attrs: set[str]) -> list[ast.Call]:
+def _owners(index: CodeIndex, cls: ClassInfo) -> list[ClassInfo]:
+    """Local classes whose ``__init__`` builds ``cls``."""
+    return [c for c in index.classes if c is not cls and any(
+        method == "__init__" and any(found is cls for found in index.instantiated_classes(c, value))
+        for assigns in c.self_assigns.values() for value, _, method in assigns)]
+
+
+def _layer_call_sites(file: FileIndex, forward: ast.AST, list_attrs: set[str], sequential: frozenset[str] = frozenset()) -> list[ast.Call]:
+    """Calls of a decoder layer in ``forward``: through a loop over a layer list, or a
+    subscript of one (``self.layers[i](...)``); in an ``nn.Sequential`` a constant index is
+    its embedding or head (MixFormer's ``self.layers[0](input_ids)``), not a layer."""
     loop_names: set[str] = set()
     for node in ast.walk(forward):
         if isinstance(node, (ast.For, ast.AsyncFor)) and list_attrs & self_attr_names(node.iter):
@@ -271,11 +226,19 @@ def _layer_call_sites(file: FileIndex, forward: ast.AST, list_attrs: set[str]) -
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if (isinstance(func, ast.Name) and func.id in loop_names) or (isinstance(func, ast.Subscript) and any(is_self_attr(func.value, a) for a in list_attrs)):
+        one_off = isinstance(func, ast.Subscript) and any(is_self_attr(func.value, a) for a in sequential) and _constant_index(func.slice)
+        if (isinstance(func, ast.Name) and func.id in loop_names) or (
+                isinstance(func, ast.Subscript) and any(is_self_attr(func.value, a) for a in list_attrs) and not one_off):
             calls.append(node)
         elif any(isinstance(a, ast.Attribute) and a.attr == "__call__" and isinstance(a.value, ast.Name) and a.value.id in loop_names for a in node.args):
             calls.append(node)  # self._gradient_checkpointing_func(layer.__call__, ...)
     return calls
+
+
+def _constant_index(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, int)
 
 
 def check_kwargs(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
@@ -292,7 +255,7 @@ def check_kwargs(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
                 problems += 1
                 yield CodeFinding("HFC804", "fail", owner.file, forward.lineno, f"{base.name}.forward takes no **kwargs: vLLM's attention arguments cannot reach the layers",
                                   "Add `**kwargs` to the model's forward and pass it to every decoder layer call.")
-            calls = _layer_call_sites(file, forward, {a for a, _, _ in roles.layer_lists})
+            calls = _layer_call_sites(file, forward, {a for a, _, _ in roles.layer_lists}, roles.sequential)
             if calls and not any(has_kwargs_expansion(c) for c in calls):
                 problems += 1
                 yield CodeFinding("HFC804", "fail", owner.file, calls[0].lineno, f"{base.name}.forward calls the decoder layer without **kwargs",

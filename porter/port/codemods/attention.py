@@ -27,8 +27,7 @@ import re
 
 import libcst as cst
 
-from hfcheck.analyzer.remote.ast_helpers import dispatch_names
-from hfcheck.analyzer.remote.checks.attention import attention_by_hand
+from hfcheck.analyzer.remote.ast_helpers import attention_by_hand, dispatch_names
 from hfcheck.analyzer.remote.index import CodeIndex
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import (

@@ -38,7 +38,7 @@ class KwargsPropagation(Codemod):
                         hops.append((cls.name, cls.file, _self_call(inner)))
             owner = index.method(base, "forward")
             if owner is not None:
-                hops.append((owner[0].name, owner[0].file, _layer_call(list_attrs, owner[1])))
+                hops.append((owner[0].name, owner[0].file, _layer_call(list_attrs, owner[1], roles.sequential)))
         for layer in roles.decoder_layers:
             owner = index.method(layer, "forward")
             if owner is not None:
@@ -89,8 +89,10 @@ def _self_call(attrs: set[str]):
     return lambda c: any(cu.is_self_attr(c.func, a) for a in attrs)
 
 
-def _layer_call(list_attrs: set[str], forward_ast):
-    """Calls of the layers the base model loops over (``for layer in self.layers[...]: layer(...)``)."""
+def _layer_call(list_attrs: set[str], forward_ast, sequential: frozenset[str] = frozenset()):
+    """Calls of the layers the base model loops over (``for layer in self.layers[...]: layer(...)``);
+    in an ``nn.Sequential`` list a constant index (``self.layers[0](input_ids)``) is its
+    embedding or head, which takes no layer kwargs."""
     import ast
 
     loop_names: set[str] = set()
@@ -107,6 +109,17 @@ def _layer_call(list_attrs: set[str], forward_ast):
     def predicate(c: cst.Call) -> bool:
         if isinstance(c.func, cst.Name) and c.func.value in loop_names:
             return True
-        return isinstance(c.func, cst.Subscript) and any(cu.is_self_attr(c.func.value, a) for a in list_attrs)
+        if not (isinstance(c.func, cst.Subscript) and any(cu.is_self_attr(c.func.value, a) for a in list_attrs)):
+            return False
+        return not (any(cu.is_self_attr(c.func.value, a) for a in sequential) and _constant_index(c.func))
 
     return predicate
+
+
+def _constant_index(subscript: cst.Subscript) -> bool:
+    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
+        return False
+    value = subscript.slice[0].slice.value
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        value = value.expression
+    return isinstance(value, cst.Integer)
