@@ -435,6 +435,22 @@ def test_code_that_looks_up_its_special_tokens_in_the_input_gets_them(capsys):
     assert all(seq[-2:] == ending and ending[0] not in seq[:-2] for seq in reference.input_ids)
 
 
+def test_an_original_written_for_gpus_gets_what_its_cpu_path_needs():
+    """TeleChat-7B (real code, 4.30): its attention's __init__ asserts flash-attn (a CUDA-only
+    package: a stand-in) and einops (guarded import, then `assert rearrange is not None, 'Please
+    install einops first'`: installed, it runs on any CPU), and its config's `flash_attn: true`
+    takes a forward path asserting CUDA and fp16: switched off, the code's own softmax attention
+    computes the same function. The reference then runs."""
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.reference.establish import establish
+
+    reference = establish(resolve(str(PUBLISHED / "telechat-7b")))
+    assert reference.run.ok, reference.run.error
+    assert reference.gpu_shims and "einops" in reference.packages
+    assert reference.switched_off == ["flash_attn"] and reference.tiny_config["flash_attn"] is False
+    assert "flash_attn" in (reference.run.result.get("gpu_shims") or {}).get("stubbed", [])
+
+
 def test_non_empty_output_folder_is_an_error(tmp_path, capsys):
     src = copy_fixture("legacy", tmp_path)
     out = tmp_path / "out"

@@ -215,6 +215,7 @@ def reference_summary(reference) -> dict[str, Any]:
         "generate_error": run.result.get("generate_error"),
         "tried": reference.tried,
         "gpu_shims": run.result.get("gpu_shims") if reference.gpu_shims else None,
+        "switched_off": reference.switched_off,
     }
 
 

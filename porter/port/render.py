@@ -134,6 +134,8 @@ def _reference_md(result) -> list[str]:
         lines += [f"- `{name}`: a stub module (CUDA-only package, not installable on a CPU); every callable in it raises when called"
                   for name in shims.get("stubbed") or []]
         lines += [f"- `.cuda()` at `{site}`: left the tensor on the CPU" for site in shims.get("cuda_calls") or []]
+        lines += [f"- `{flag}: false` in its config: the flag selects a flash-attention kernel that needs CUDA and half precision; "
+                  "the code's own attention path computes the same (exact) softmax attention" for flag in r.get("switched_off") or []]
         lines.append("")
     if r.get("not_installed"):
         lines += [f"Not installed there (CUDA-only, guarded in the code): {', '.join(r['not_installed'])}.", ""]

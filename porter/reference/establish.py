@@ -47,6 +47,7 @@ class Reference:
     run: ReferenceRun
     tried: list[str] = field(default_factory=list)
     gpu_shims: bool = False  # the original only constructs with gpu_shims.py's CPU stand-ins (every later run of it too)
+    switched_off: list[str] = field(default_factory=list)  # config flags that select a GPU-only kernel, set false for the CPU run
 
     @property
     def num_layers(self) -> int:
@@ -146,10 +147,26 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
         if log:
             log(f"running the original in transformers {release} ({env.path.name})")
         shims = False
+        switched: list[str] = []
 
         def run_original(tiny=tiny, shims=False):
             return run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
                                  seed=seed, meta_config=config, timeout=timeout, gpu_shims=shims)
+
+        def with_optional(run, shims=False):
+            """A package the code imports optionally (in a try) but then requires (TeleChat:
+            `assert rearrange is not None, 'Please install einops first'`): installed, and run again."""
+            nonlocal env, packages
+            while not run.ok and (wanted := optional_package_wanted(run, packages)) is not None:
+                if log:
+                    log(f"the original asks for {wanted} ({run.error.splitlines()[0][:160]}); again with it installed")
+                try:
+                    env = ensure_env(EnvSpec(release, tuple(sorted({*packages, wanted}))), log)
+                except EnvError:
+                    return run
+                packages = env.spec.packages
+                run = run_original(tiny, shims)
+            return run
 
         run = run_original()
         real_head_dim = _real_head_dim(config)
@@ -180,7 +197,17 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             # written for GPUs: constructed and run again with CPU stand-ins that keep its function (gpu_shims.py)
             if log:
                 log(f"the original needs {needs} to construct; again with CPU stand-ins for CUDA-only packages and .cuda()")
-            shimmed = run_original(tiny, shims=True)
+            shimmed = with_optional(run_original(tiny, shims=True), shims=True)
+            flags = [k for k in FLASH_FLAGS if tiny.get(k) is True]
+            if not shimmed.ok and flags:
+                # the config selects a flash-attention kernel the code then asserts CUDA and fp16 for
+                # (TeleChat's `flash_attn: true`); flash attention is exact softmax attention, so the
+                # code's own eager path computes the same function
+                if log:
+                    log(f"the original's flash path needs a GPU ({shimmed.error.splitlines()[0][:160]}); again with {', '.join(flags)} false")
+                tiny = {**tiny, **dict.fromkeys(flags, False)}
+                shimmed = with_optional(run_original(tiny, shims=True), shims=True)
+                switched = flags
             reached = (shimmed.result.get("gpu_shims") or {}).get("reached") or []
             if reached:
                 where = shimmed.error_at
@@ -188,6 +215,7 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
                 raise ReferenceError(f"the original calls {reached[0]}{at}, a CUDA-only kernel, on the path a CPU takes: it really needs a GPU, "
                                      "so nothing can be proven against it here")
             run, shims = shimmed, True
+        run = with_optional(run, shims)
         undeclared = not release_of(str(config.get("transformers_version") or ""))
         missing = _missing_uninstallable(run)
         if missing:
@@ -198,8 +226,27 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
         if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or undeclared or n > 0):
             tried.append(f"transformers {release}: {run.error}")
             continue
-        return Reference(env, why, packages, not_installed, tiny, ids, run, tried, shims)
+        return Reference(env, why, packages, not_installed, tiny, ids, run, tried, shims, switched)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
+
+
+FLASH_FLAGS = ("flash_attn", "use_flash_attn", "use_flash_attention", "use_flash_attention_2", "flash_attention")
+"""Config switches remote code reads to take a flash-attention kernel instead of its own attention."""
+
+ASKED_PACKAGE = re.compile(r"No module named '([\w.]+)'|[Pp]lease install (?:the )?`?([A-Za-z][\w.-]*)`?|pip install `?([A-Za-z][\w.-]*)")
+
+
+def optional_package_wanted(run: ReferenceRun, packages: tuple[str, ...]) -> str | None:
+    """The PyPI package an original's failure asks for, when it installs on a CPU machine and is
+    not installed yet (None: anything else, or a CUDA-only package, which gpu_shims stands in for)."""
+    match = ASKED_PACKAGE.search(run.error or "")
+    if not match:
+        return None
+    name = next(g for g in match.groups() if g).split(".")[0]
+    req = pip_requirement(name.replace("-", "_"))
+    if req is None or req in packages or name.replace("-", "_") in ("torch", "transformers", "numpy"):
+        return None
+    return req
 
 
 SEARCHED_TOKEN = re.compile(r"ValueError: (\d+) is not in list")
