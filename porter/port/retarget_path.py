@@ -182,11 +182,21 @@ def _tokenizer_code(src_dir: Path) -> set[str]:
     return {f"{r.partition('--')[2] if '--' in r else r}".rpartition(".")[0] + ".py" for r in refs if isinstance(r, str)}
 
 
+QUANTIZATION_FILES = ("quantize_config.json", "quant_config.json", "quantization_config.json")
+"""AutoGPTQ/AWQ side files: they describe the original's quantized tensors, not the float native folder."""
+
+
 def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, native_config: dict[str, Any], *, shard_bytes: int | None = None) -> None:
     from hfcheck.porter.port.weights import INDEX_NAME
     from hfcheck.porter.retarget.plan import PlanError, convert_folder
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    quant = source.config.get("quantization_config")
+    if isinstance(quant, dict):
+        method = quant.get("quant_method") or "a quantization"
+        bits = f" {quant['bits']}-bit" if quant.get("bits") else ""
+        outcome.notes.append(f"the original's config declares{bits} {method} weights: the native config and weight plan are for float weights "
+                             f"(its {method} tensors are not converted; port the float checkpoint, then quantize the native model)")
     (out_dir / "config.json").write_text(json.dumps(native_config, indent=2) + "\n", encoding="utf-8")
     files = ["config.json"]
     src_dir = Path(source.location) if source.kind == "local" and source.location else None
@@ -201,6 +211,8 @@ def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, native_
                 continue
             if name.endswith((".py", ".cu", ".cpp", ".h")) and name not in keep_code:
                 continue  # model code: the native class replaces it
+            if name in QUANTIZATION_FILES:
+                continue  # describes the original's quantized tensors; the native folder is float
             shutil.copy2(path, out_dir / name)
             files.append(name)
         plan = outcome.plan
