@@ -79,6 +79,10 @@ def _common_config(model_type: str, arch: str, dims: Dims, original: dict[str, A
     for key in TOKEN_FIELDS:
         if key in original:
             cfg[key] = original[key]
+    if not (isinstance(cfg.get("pad_token_id"), int) and 0 <= cfg["pad_token_id"] < dims.vocab):
+        # no padding row the original names: none, not the native class's default (GlmConfig's
+        # 151329 lies outside CodeGeeX2's vocabulary, and its embedding refuses to build)
+        cfg["pad_token_id"] = None
     dtype = original.get("torch_dtype") or original.get("dtype")
     if isinstance(dtype, str):
         cfg["dtype"] = dtype.replace("torch.", "")
