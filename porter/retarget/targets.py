@@ -448,6 +448,24 @@ def falcon_config(original: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if v is not None}
 
 
+def _layernorm_plain_mlp(anatomy: Anatomy) -> str | None:
+    """What GPT-style layers share (the parallel and learned-positions families): LayerNorms,
+    a final one, nothing but projections and norms, a plain two-layer MLP, heads that make up
+    the hidden size. None when all hold, else the first that does not."""
+    layer, d = anatomy.layer, anatomy.dims
+    if anatomy.final_norm is None:
+        return "no final norm"
+    if any(n.kind != "layer" for n in layer.norms + [anatomy.final_norm]):
+        return "the norms are not LayerNorms"
+    if layer.other_params or anatomy.extra_params:
+        return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
+    if len(layer.mlp_inputs) != 1 or layer.mlp_inputs[0].out != d.intermediate:
+        return "the MLP is not a plain two-layer MLP (one projection up, one down)"
+    if d.heads * d.head_dim != d.hidden:
+        return f"{d.heads} heads of {d.head_dim} do not make the hidden size {d.hidden}"
+    return None
+
+
 class ParallelFamily(Target):
     """One LayerNorm per layer feeding attention and a plain two-layer MLP side by side, their
     sum added to the residual, rotary on part or all of each head, a final LayerNorm and a head
@@ -464,21 +482,11 @@ class ParallelFamily(Target):
         layer = anatomy.layer
         if not layer.parallel:
             return f"{len(layer.norms)} norms per layer: attention and MLP do not read one normalised input"
-        if anatomy.final_norm is None:
-            return "no final norm"
-        if any(n.kind != "layer" for n in layer.norms + [anatomy.final_norm]):
-            return "the norms are not LayerNorms"
         if anatomy.positions:
             return f"learned absolute positions ({anatomy.positions}), not rotary"
         if anatomy.rotary is None:
             return "no rotary embedding (inv_freq) was found: position information comes another way (ALiBi, learned positions)"
-        if layer.other_params or anatomy.extra_params:
-            return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
-        if len(layer.mlp_inputs) != 1 or layer.mlp_inputs[0].out != anatomy.dims.intermediate:
-            return "the MLP is not a plain two-layer MLP (one projection up, one down)"
-        if anatomy.dims.heads * anatomy.dims.head_dim != anatomy.dims.hidden:
-            return f"{anatomy.dims.heads} heads of {anatomy.dims.head_dim} do not make the hidden size {anatomy.dims.hidden}"
-        return None
+        return _layernorm_plain_mlp(anatomy)
 
     def hypotheses(self, anatomy, original):
         layer = anatomy.layer
@@ -587,17 +595,9 @@ class LearnedPositionsFamily(Target):
             return "rotary embedding besides learned positions"
         if layer.parallel or len(layer.norms) != 2:
             return f"{len(layer.norms)} norm(s) per layer; GPT-2 has two, in sequence"
-        if anatomy.final_norm is None:
-            return "no final norm"
-        if any(n.kind != "layer" for n in layer.norms + [anatomy.final_norm]):
-            return "the norms are not LayerNorms"
-        if layer.other_params or anatomy.extra_params:
-            return f"parameters outside projections and norms: {', '.join((layer.other_params + anatomy.extra_params)[:3])}"
-        if len(layer.mlp_inputs) != 1 or layer.mlp_inputs[0].out != anatomy.dims.intermediate:
-            return "the MLP is not a plain two-layer MLP (one projection up, one down)"
+        if (reason := _layernorm_plain_mlp(anatomy)) is not None:
+            return reason
         d = anatomy.dims
-        if d.heads * d.head_dim != d.hidden:
-            return f"{d.heads} heads of {d.head_dim} do not make the hidden size {d.hidden}"
         if d.kv_heads not in (1, d.heads):
             return f"{d.kv_heads} key/value heads for {d.heads} query heads: GPT-2 has one per head, GPTBigCode one in all"
         if anatomy.head_bias:
