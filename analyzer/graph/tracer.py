@@ -22,7 +22,6 @@ import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -195,39 +194,23 @@ _CACHE_RENAMES = frozenset({"past_key_values", "cache_params"})
 
 
 def _without_cache_rename(fn: Callable) -> Callable:
-    """Peel the wrappers vLLM's environment does not put on a forward: transformers 5.21+'s
-    ``@deprecate_kwarg(<old>, new_name="cache")`` (the releases vLLM 0.33 runs on, <= 5.20,
-    do not have it), and those of a package vLLM's environment lacks (the ``kernels`` hub,
-    which transformers 5.25 requires, replaces ``forward`` of ``@use_kernelized_func``
-    classes with a ``(*args, **kwargs)`` router when it is installed; without it the
-    decorator does nothing).
+    """Peel only the ``@deprecate_kwarg(<old>, new_name="cache")`` wrappers transformers 5.21+
+    put on forwards when it renamed the cache argument.
 
-    fx cannot trace such a ``(*args, **kwargs)`` wrapper, and the function underneath is what
-    vLLM traces. Any *other* wrapper is kept: vLLM traces it as it is (and usually gets a cut
-    graph).
+    fx cannot trace such a ``(*args, **kwargs)`` wrapper, and the transformers releases vLLM
+    0.33 runs on (<= 5.20) do not have it, so the function underneath is what vLLM traces.
+    Any *other* wrapper is kept: vLLM traces it as it is (and usually gets a cut graph).
     """
     while hasattr(fn, "__wrapped__"):
         try:
             names = inspect.getclosurevars(fn).nonlocals
         except (TypeError, ValueError):
             break
-        if (names.get("new_name") == "cache" and names.get("old_name") in _CACHE_RENAMES) or _absent_from_vllm(fn):
+        if names.get("new_name") == "cache" and names.get("old_name") in _CACHE_RENAMES:
             fn = fn.__wrapped__
         else:
             break
     return fn
-
-
-def _absent_from_vllm(fn: Callable) -> bool:
-    """The wrapper's code belongs to an installed package vLLM's environment does not have."""
-    from hfcheck.analyzer.remote.serving import serving_environment
-
-    parts = Path(getattr(getattr(fn, "__code__", None), "co_filename", "") or "").parts
-    for i, part in enumerate(parts[:-1]):
-        if part in ("site-packages", "dist-packages"):
-            top = Path(parts[i + 1]).stem
-            return top not in ("transformers", "torch") and not serving_environment().provides(top)
-    return False
 
 
 def forward_parameters(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
