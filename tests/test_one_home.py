@@ -289,3 +289,27 @@ def test_every_verdict_is_named_once():
     schema = json.loads(resources.files("hfcheck.analyzer.report").joinpath("scan.schema.json").read_text())
     assert set(schema["properties"]["verdict"]["enum"]) == set(VERDICTS)
     assert rows.VERDICTS is VERDICTS and set(VERDICTS) > LOADS
+
+
+def test_packages_vllms_environment_lacks_stay_unimportable(tmp_path):
+    """transformers 5.25 requires the kernels hub; installed, it rewrites models' forwards
+    (vLLM 0.33's environment has no kernels, so vLLM traces the plain code). hfcheck keeps each
+    package of ABSENT_FROM_VLLM unimportable, and each is really absent from vLLM's environment
+    table. Checked with a stand-in `kernels` on the path: found without hfcheck, hidden with it."""
+    import json
+    import subprocess
+    import sys
+    from importlib import resources
+
+    import hfcheck
+
+    table = json.loads(resources.files("hfcheck.analyzer").joinpath("data/vllm_environment.json").read_text())
+    for name in hfcheck.ABSENT_FROM_VLLM:
+        assert name not in table["distributions"] and name not in table["modules"], name
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    probe = "import importlib.util, sys; {} print(importlib.util.find_spec('kernels') is None)"
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    bare = subprocess.run([sys.executable, "-c", probe.format("")], capture_output=True, text=True, env=env, check=True)
+    hidden = subprocess.run([sys.executable, "-c", probe.format("import hfcheck;")], capture_output=True, text=True, env=env, check=True)
+    assert bare.stdout.strip() == "False" and hidden.stdout.strip() == "True"
