@@ -110,7 +110,7 @@ def _fail(message: str) -> int:
 
 def _scan(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.facts import FactsError
+    from hfcheck.analyzer.facts.errors import FactsError
     from hfcheck.analyzer.policy import DEFAULT_POLICY, PolicyError, load_policy
     from hfcheck.analyzer.sources import SourceError, resolve
 

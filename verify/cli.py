@@ -82,7 +82,7 @@ def render_proofs(report: dict[str, Any], console=None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.facts import FactsError
+    from hfcheck.analyzer.facts.errors import FactsError
     from hfcheck.analyzer.sources import SourceError, resolve
 
     try:

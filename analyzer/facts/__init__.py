@@ -8,18 +8,15 @@ never by executing their code.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.facts.config_fields import as_count, check_config, text_config_of
+from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
-
-
-class FactsError(Exception):
-    """The config cannot describe a model (one line for the user)."""
+from hfcheck.analyzer.facts.native_fit import native_fit
+from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
 
 
 @dataclass
@@ -109,29 +106,6 @@ def _largest_per_layer(config: Any, name: str) -> Any:
     return max(numbers) if numbers else None
 
 
-@lru_cache(maxsize=1)
-def vllm_architecture_table() -> dict[str, Any]:
-    data = resources.files("hfcheck.analyzer").joinpath("data/vllm_architectures.json").read_text()
-    return json.loads(data)
-
-
-def vllm_has_native(architectures: list[str]) -> tuple[bool | None, str]:
-    """Whether vLLM's registry has a native class: from the installed vLLM when it
-    imports, else from the table generated from vLLM's registry."""
-    try:  # pragma: no cover - exercised only where vLLM is installed
-        import vllm
-        from vllm.model_executor.models import registry
-
-        native = set(registry._VLLM_MODELS) - set(registry._TRANSFORMERS_SUPPORTED_MODELS) - set(registry._TRANSFORMERS_BACKEND_MODELS)
-        version = f"{vllm.__version__} (installed)"
-    except Exception:  # noqa: BLE001 - no usable vLLM installed: the bundled registry table
-        table = vllm_architecture_table()
-        native, version = set(table["native"]), str(table["vllm_version"])
-    if not architectures:
-        return None, version
-    return any(a in native for a in architectures), version
-
-
 def _transformers_version() -> str:
     import transformers
 
@@ -170,7 +144,6 @@ def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str, str | No
     """The text config (object when known, else dict), its model_type, and (plain-dict configs)
     the key it was found under when it is not the top level."""
     if cfg_obj is not None:
-        from hfcheck.analyzer.instance import text_config_of
 
         text = text_config_of(cfg_obj)
         return text, getattr(text, "model_type", None) or config.get("model_type", ""), None
@@ -209,7 +182,6 @@ def tower_keys(config: dict[str, Any], cfg_obj: Any) -> list[str]:
 def _count(value: Any) -> int | None:
     """A count as an int: per-layer lists give their largest entry (the model-wide value, as in
     vLLM's config conversion); anything that is no count gives None."""
-    from hfcheck.analyzer.facts.config_fields import as_count
 
     if isinstance(value, (list, tuple)):
         counts = [c for c in map(as_count, value) if c is not None]
@@ -226,7 +198,6 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
 
     The config is type-checked first, once (``config_fields.check_config``); every value read
     after that is of the type its fact declares."""
-    from hfcheck.analyzer.facts.config_fields import check_config
 
     check_config(config)
     model_type = config.get("model_type")
@@ -262,7 +233,6 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     native, table_version = vllm_has_native(list(config.get("architectures") or []))
     mismatch = None
     if native and config.get("auto_map"):  # a Hub repo's own code under a registry name: is it the generation vLLM implements?
-        from hfcheck.analyzer.facts.native_fit import native_fit
 
         fit = native_fit(str((config.get("architectures") or [""])[0]), config)
         if fit is not None and not fit.fits:

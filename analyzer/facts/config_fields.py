@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.facts.errors import FactsError
 
 MAX_LAYERS = 10_000
 MAX_HEADS = 1 << 16
@@ -54,7 +55,6 @@ NESTED = "_config"
 
 def check_config(config: Any) -> None:
     """Raise FactsError naming the first field whose type or value no model can have."""
-    from hfcheck.analyzer.facts import FactsError
 
     if not isinstance(config, Mapping):
         raise FactsError("config.json does not hold a JSON object")
@@ -149,3 +149,11 @@ def _show(value: Any) -> str:
     text = text if len(text) <= 40 else text[:37] + "..."
     kind = {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(type(value))
     return f"{text} ({kind})" if kind else text
+
+
+def text_config_of(config: Any) -> Any:
+    """The decoder's text config (composite configs with several text configs: the decoder)."""
+    try:
+        return config.get_text_config(decoder=True)
+    except TypeError:
+        return config.get_text_config()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from hfcheck.analyzer.facts.vllm_registry import vllm_architecture_table
+
 MISMATCH_AT = 2
 """Absent keys (that vLLM's class reads) from which the config is another generation's."""
 
@@ -66,7 +68,6 @@ def native_fit(architecture: str, config: dict[str, Any], config_class_keys: Ite
     ``config_class_keys``: attributes the model's own (remote) config class sets, which the
     config object vLLM reads has beside config.json's keys.
     """
-    from hfcheck.analyzer.facts import vllm_architecture_table
 
     table = vllm_architecture_table()
     reads = (table.get("config_reads") or {}).get(architecture)

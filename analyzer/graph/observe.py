@@ -167,7 +167,7 @@ def linear_forward_lost(linear: nn.Linear) -> str | None:
 
 def _vllm_expert_count(model: nn.Module) -> int | None:
     """The expert count vLLM reads from the instance's own (text) config."""
-    from hfcheck.analyzer.instance import text_config_of
+    from hfcheck.analyzer.facts.config_fields import text_config_of
 
     config = getattr(model, "config", None)
     try:

@@ -21,6 +21,7 @@ from torch import nn
 
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts import ModelFacts
+from hfcheck.analyzer.facts.config_fields import text_config_of
 
 ATTN_IMPLEMENTATION = "hfcheck"
 """Name under which hfcheck registers a stand-in for vLLM's "vllm" attention function."""
@@ -134,14 +135,6 @@ def module_configs(model: nn.Module):
         if config is not None and id(config) not in seen:
             seen.add(id(config))
             yield config
-
-
-def text_config_of(config: Any) -> Any:
-    """The decoder's text config (composite configs with several text configs: the decoder)."""
-    try:
-        return config.get_text_config(decoder=True)
-    except TypeError:
-        return config.get_text_config()
 
 
 def _arch_class(config: Any) -> type | None:

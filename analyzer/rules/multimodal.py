@@ -283,7 +283,7 @@ class MRoPEAudio(Rule):
         p, facts = _processor(analysis), analysis.facts
         if not facts.multimodal or analysis.config_object is None:
             return []
-        from hfcheck.analyzer.instance import text_config_of
+        from hfcheck.analyzer.facts.config_fields import text_config_of
 
         if not uses_mrope(text_config_of(analysis.config_object)):
             return []

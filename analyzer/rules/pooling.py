@@ -89,7 +89,8 @@ class PoolingForwardAsCalled(Rule):
             return []
         import torch
 
-        from hfcheck.analyzer.instance import InstanceError, build_tiny, text_config_of
+        from hfcheck.analyzer.facts.config_fields import text_config_of
+        from hfcheck.analyzer.instance import InstanceError, build_tiny
 
         try:
             tiny = build_tiny(analysis.facts, analysis.config_object)

@@ -141,7 +141,7 @@ class PerLayerAttributeReadGlobally(Rule):
     fix = "Keep `sliding_window` model-wide (a `layer_types` list can still mark full-attention layers), or wait for a vLLM that reads it per layer."
 
     def check(self, analysis) -> list[Finding]:
-        from hfcheck.analyzer.instance import text_config_of
+        from hfcheck.analyzer.facts.config_fields import text_config_of
 
         if analysis.config_object is None:
             return []

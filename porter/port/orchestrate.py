@@ -85,7 +85,8 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
          proof_timeout: float = 300.0, shard_bytes: int | None = None, reference_transformers: str | None = None,
          path: str = "auto", log: Callable[[str], None] | None = None) -> PortResult:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.facts import FactsError, collect_facts
+    from hfcheck.analyzer.facts import collect_facts
+    from hfcheck.analyzer.facts.errors import FactsError
     from hfcheck.analyzer.remote import has_remote_code, static_findings
     from hfcheck.analyzer.sources import SourceError, resolve
 
@@ -449,8 +450,8 @@ def served_natively(facts, source) -> tuple[bool, str] | None:
     has no native class of that name). Judged with the remote config class's own attributes
     beside config.json's keys (``native_fit``): a registry name kept for another generation of
     the architecture (ChatGLM-6B v1 under ``ChatGLMModel``) is not served natively."""
-    from hfcheck.analyzer.facts import vllm_has_native
     from hfcheck.analyzer.facts.native_fit import native_fit
+    from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
     from hfcheck.analyzer.remote.index import CodeIndex
 
     archs = list(source.config.get("architectures") or [])

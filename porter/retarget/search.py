@@ -261,7 +261,7 @@ def search(run: ReferenceRun, anatomy: Anatomy | None, tiny_config: dict[str, An
 def serving_rank(hyp: Hypothesis) -> int:
     """0 where vLLM serves the class natively, 1 where only its transformers backend does: a
     retarget takes the best-served class that reproduces the original."""
-    from hfcheck.analyzer.facts import vllm_has_native
+    from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
 
     return 0 if vllm_has_native([hyp.architecture])[0] else 1
 

@@ -259,7 +259,8 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
     from transformers import AutoModelForImageTextToText
 
     from hfcheck.analyzer.facts import collect_facts
-    from hfcheck.analyzer.instance import shrunk_config, text_config_of
+    from hfcheck.analyzer.facts.config_fields import text_config_of
+    from hfcheck.analyzer.instance import shrunk_config
 
     facts, cfg = collect_facts(raw)
     config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)
