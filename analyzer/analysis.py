@@ -14,6 +14,7 @@ from typing import Any
 from hfcheck.analyzer.facts import ModelFacts, collect_facts
 from hfcheck.analyzer.facts.processor import ProcessorFacts, collect_processor_facts
 from hfcheck.analyzer.fusions.base import FusionContext
+from hfcheck.analyzer.fusions.context import fusion_context
 from hfcheck.analyzer.graph.observe import Observations, observe
 from hfcheck.analyzer.instance import (
     CheckpointNames,
@@ -22,6 +23,7 @@ from hfcheck.analyzer.instance import (
     build_structural,
     checkpoint_names,
 )
+from hfcheck.analyzer.remote import CodeFinding, static_findings
 from hfcheck.analyzer.sources import ModelSource
 
 
@@ -42,27 +44,13 @@ class Analysis:
     """The causal-LM class's parameter names as vLLM's weight loader meets them."""
     processor: ProcessorFacts | None = None
     """The HF processor vLLM's multimodal path builds (None: the model has no processor side)."""
+    code: list[CodeFinding] | None = None
+    """Every static finding on the remote code, passes included (None: the model has none);
+    the HFC8xx rules report from it."""
 
     @property
     def fusion_context(self) -> FusionContext:
         return fusion_context(self.facts)
-
-
-def fusion_context(facts: ModelFacts, tp_size: int = 1, *, head_size: int | None = None, attn_implementation: str | None = None) -> FusionContext:
-    """What vLLM reads from the config when it fuses: the one constructor scan, the sandbox
-    and verify use (``head_size``: verify's shrunk instance has its own)."""
-    from hfcheck.analyzer.fusions.moe import divides_shared_output
-    from hfcheck.analyzer.vllm_release import modelled_series
-
-    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return FusionContext(
-        head_size=head_size or facts.head_dim or 1,
-        tp_size=tp_size,
-        use_mla=facts.uses_mla,
-        divides_shared_output=divides_shared_output(facts.dtype, facts.routed_scaling_factor),
-        vllm_series=modelled_series(),
-        **extra,
-    )
 
 
 def resolve_transformers_class(facts: ModelFacts) -> tuple[type | None, str | None]:
@@ -123,4 +111,5 @@ def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeou
         t3 = time.perf_counter()
         checkpoint = checkpoint_names(facts, cfg_obj, cls, instance.model)
         timings["checkpoint"] = time.perf_counter() - t3
-    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox, checkpoint, processor)
+    return Analysis(source, facts, cfg_obj, instance, error, observations, cls, origin, timings, sandbox, checkpoint, processor,
+                    static_findings(source))

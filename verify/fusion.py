@@ -70,7 +70,7 @@ class Site:
 
 def fusion_context(subject: Subject, facts, tp_size: int = 1):
     """scan's ``fusion_context`` (the fp16 routing rule included), with the shrunk instance's head size."""
-    from hfcheck.analyzer.analysis import fusion_context as scan_context
+    from hfcheck.analyzer.fusions.context import fusion_context as scan_context
 
     return scan_context(facts, tp_size, head_size=subject.head_dim or 1, attn_implementation=ATTN)
 

@@ -314,8 +314,8 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
         from transformers import AutoConfig, AutoModel
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-        from hfcheck.analyzer.analysis import fusion_context
         from hfcheck.analyzer.facts import collect_facts
+        from hfcheck.analyzer.fusions.context import fusion_context
         from hfcheck.analyzer.graph.observe import observe
         from hfcheck.analyzer.instance import build_structural
         from hfcheck.analyzer.rules.resolution import source_gate

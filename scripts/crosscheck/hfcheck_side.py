@@ -20,10 +20,10 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
 
-from hfcheck.analyzer.analysis import fusion_context  # noqa: E402
 from hfcheck.analyzer.facts import collect_facts  # noqa: E402
 from hfcheck.analyzer.fusions.attention import layer_index  # noqa: E402
 from hfcheck.analyzer.fusions.base import FusionContext  # noqa: E402
+from hfcheck.analyzer.fusions.context import fusion_context  # noqa: E402
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions  # noqa: E402
 from hfcheck.analyzer.fusions.moe import analyse_block  # noqa: E402
 from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, register_attention  # noqa: E402

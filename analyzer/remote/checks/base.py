@@ -37,9 +37,7 @@ class RemoteCodeRule(Rule):
     problem is not scored twice; without the sandbox they stand."""
 
     def check(self, analysis) -> list[Finding]:
-        from hfcheck.analyzer.remote import static_findings
-
-        findings = static_findings(analysis.source)
+        findings = analysis.code
         if findings is None:
             return []
         mine = [f for f in findings if f.code == self.code]
