@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.command import EXIT_CLEAN, EXIT_FINDINGS
+
 STATUSES = ("pass", "fail", "warn", "info", "inconclusive")
 KEYS = ("fail-under", "enforce", "ignore", "fail-on")
-EXIT_CLEAN, EXIT_FINDINGS = 0, 1
 
 
 class PolicyError(Exception):

@@ -12,21 +12,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse's own convention too)
-        sys.stderr.write(f"hfcheck: error: {message}\n")
-        raise SystemExit(EXIT_ERROR)
+from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hfcheck", description="Will vLLM's transformers backend load, fuse and shard this model? Answered on CPU, without weights.")
+    parser = Parser(prog="hfcheck", description="Will vLLM's transformers backend load, fuse and shard this model? Answered on CPU, without weights.")
     from hfcheck import __version__
 
     parser.add_argument("--version", action="version", version=f"hfcheck {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     scan = sub.add_parser("scan", help="analyse one model (Hub id[@revision] or local folder)")
     scan.add_argument("ref", help="Hub id such as Qwen/Qwen3-4B (optionally @revision) or a local folder with config.json")
     scan.add_argument("--format", choices=("text", "json", "sarif", "github"), default="text")

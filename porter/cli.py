@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, Parser
 
 
 def add_parser(subparsers) -> None:
@@ -138,16 +138,10 @@ def _serve(args) -> int:
     return EXIT_CLEAN if result.ok else EXIT_FINDINGS
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        sys.stderr.write(f"hfcheck: error: {message}\n")
-        raise SystemExit(EXIT_ERROR)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry (``python -m hfcheck.porter.cli port ...``) until hfcheck/cli.py wires it."""
-    parser = _Parser(prog="hfcheck")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="hfcheck")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_parser(sub)
     args = parser.parse_args(argv)
     return run(args)

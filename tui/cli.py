@@ -17,8 +17,8 @@ import sys
 from dataclasses import replace
 
 from hfcheck.analyzer.sweep.cli import add_hub_arguments, add_ray_argument
+from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, Parser
 
-EXIT_CLEAN, EXIT_ERROR = 0, 2
 DEFAULT_AUTHOR_LIMIT = 100
 
 
@@ -138,10 +138,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hfcheck.tui``: the same command without the ``hfcheck`` front end."""
-    from hfcheck.cli import _Parser
-
-    parser = _Parser(prog="hfcheck")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="hfcheck")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     add_parser(sub)
     args = parser.parse_args(["tui", *(sys.argv[1:] if argv is None else argv)])
     try:

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfcheck.analyzer.isolation.process import kill_group
-from hfcheck.analyzer.sweep.run import Stopped
 from hfcheck.analyzer.sweep.targets import Target
-from hfcheck.analyzer.sweep.worker import PoolError, WorkerPool
+from hfcheck.analyzer.sweep.worker import PoolError, Stopped, WorkerPool
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-EXIT_CLEAN, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, EXIT_INTERRUPTED
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

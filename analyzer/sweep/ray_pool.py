@@ -39,8 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from hfcheck.analyzer.sweep.run import Stopped
-from hfcheck.analyzer.sweep.worker import START_FAILURES_ALLOWED, PoolError, Result, Task
+from hfcheck.analyzer.sweep.worker import START_FAILURES_ALLOWED, PoolError, Result, Stopped, Task
 
 KILL_ACTOR_ENV = "HFCHECK_TEST_KILL_ACTOR"  # test hook, as worker.HANG_ENV: keys whose actor aborts
 FORWARDED_ENV_PREFIXES = ("HFCHECK_TEST_",)

@@ -37,7 +37,7 @@ from hfcheck.analyzer.sweep.targets import (
     atlas_types,
     prepare,
 )
-from hfcheck.analyzer.sweep.worker import Result, WorkerPool
+from hfcheck.analyzer.sweep.worker import Result, Stopped, WorkerPool, instance_ok
 
 FAILED = "analysis failed"
 
@@ -50,15 +50,6 @@ def failure_reason(result: Result) -> str | None:
     if "report" in result:
         return None
     return f"{FAILED}: {result.get('error') or 'unknown error'}"
-
-
-def instance_ok(result: Result) -> bool:
-    """Whether the tiny instance was built and the graph walked (the coverage criterion)."""
-    report = result.get("report")
-    if not report:
-        return False
-    state = report.get("analysis") or {}
-    return bool(state.get("instance")) and bool(state.get("graph"))
 
 
 def instance_error(result: Result) -> str | None:
@@ -125,10 +116,6 @@ def _prepare(target: Target) -> tuple[Any, Result | None]:
         return None, {"error": str(exc), "cacheable": False, "lasting": True}
     except Exception as exc:  # noqa: BLE001 - a bug in preparing one target is that target's failure
         return None, {"error": f"cannot prepare: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}", "cacheable": False}
-
-
-class Stopped(Exception):
-    """``run_batch``'s ``stop()`` became true: the batch was abandoned (the caller cancelled it)."""
 
 
 @dataclass

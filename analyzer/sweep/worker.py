@@ -48,6 +48,10 @@ Task = tuple[str, Any, bool]  # (result key, ModelSource, probe plain transforme
 Result = dict[str, Any]  # {"report": {...}} | {"error": "...", "cacheable": bool}
 
 
+class Stopped(Exception):
+    """``run_batch``'s ``stop()`` became true: the batch was abandoned (the caller cancelled it)."""
+
+
 class PoolError(Exception):
     """Workers cannot run at all (e.g. every one dies while importing)."""
 
@@ -130,7 +134,6 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
 
 def _probe_transformers(result: Result, source) -> None:  # pragma: no cover - runs in the child
     """When hfcheck could not build or walk a default config, record whether plain transformers can."""
-    from hfcheck.analyzer.sweep.run import instance_ok
     from hfcheck.analyzer.sweep.targets import plain_build_error
 
     if instance_ok(result):
@@ -378,3 +381,12 @@ class WorkerPool:
             except OSError:
                 tail = []
             raise PoolError(f"sweep workers cannot start: {why}" + (": " + " | ".join(tail) if tail else ""))
+
+
+def instance_ok(result: Result) -> bool:
+    """Whether the tiny instance was built and the graph walked (the coverage criterion)."""
+    report = result.get("report")
+    if not report:
+        return False
+    state = report.get("analysis") or {}
+    return bool(state.get("instance")) and bool(state.get("graph"))

@@ -32,7 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_REFUSED, EXIT_ERROR = 0, 1, 2
+from hfcheck.command import EXIT_CLEAN as EXIT_OK
+from hfcheck.command import EXIT_FINDINGS as EXIT_REFUSED  # a refused port is a finding
+
 STATUS_RANK = {"fail": 4, "warn": 3, "inconclusive": 2, "info": 1, "pass": 0}
 WEIGHT_SUFFIXES = (".safetensors",)
 PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")

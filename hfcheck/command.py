@@ -1,0 +1,22 @@
+"""What every ``hfcheck`` command shares: the exit codes and the argument parser.
+
+Exit codes (Ruff/Semgrep convention): 0 clean, 1 findings (failing checks, a refused port,
+a score under --fail-under), 2 the tool could not run (bad reference, bad config, bad
+usage), 130 interrupted. A usage error is one line on stderr and exit 2, never argparse's
+usage dump.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with hfcheck's one-line usage errors (exit 2, argparse's own convention)."""
+
+    def error(self, message: str) -> None:
+        sys.stderr.write(f"hfcheck: error: {message}\n")
+        raise SystemExit(EXIT_ERROR)
