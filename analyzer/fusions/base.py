@@ -18,7 +18,7 @@ from typing import ClassVar
 from torch import nn
 
 from hfcheck.analyzer.graph import forward_source as src
-from hfcheck.analyzer.graph.tracer import Trace
+from hfcheck.analyzer.graph.tracer import Trace, trace_module
 
 
 @dataclass(frozen=True)
@@ -86,3 +86,21 @@ class Pattern(ABC):
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
         """``None`` when this instance can take the fusion, else the reason it cannot."""
         return None
+
+
+def class_key(module: nn.Module) -> tuple:
+    """vLLM caches per (type, child names): one entry per distinct module shape. One vLLM
+    process holds one model; hfcheck scans many in one process (port's re-scans, the TUI, a
+    sweep), and a trace bakes the instance's sizes (``split((self.embed_dim, ...))``), so the
+    sizes are part of the key: parameter shapes and the module's own numeric attributes."""
+    shapes = tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
+    numbers = tuple(sorted((k, v) for k, v in vars(module).items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
+    return (type(module), tuple(name for name, _ in module.named_children()), shapes, numbers)
+
+
+def trace_for_patterns(module: nn.Module) -> Trace | None:
+    """The trace the patterns match on: of a leaf module, or of one holding two or more linears
+    (attention, MLP); None for other containers (a decoder layer is matched in its parts)."""
+    children = list(module.children())
+    linears = sum(isinstance(c, nn.Linear) for c in children)
+    return trace_module(module) if linears >= 2 or not children else None

@@ -8,12 +8,18 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.base import (
+    FusionContext,
+    Match,
+    Pattern,
+    class_key,
+    trace_for_patterns,
+)
 from hfcheck.analyzer.fusions.registry import PATTERNS
-from hfcheck.analyzer.fusions.rms_norm import RMSNorm
+from hfcheck.analyzer.fusions.rms_norm import clear_norm_cache
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.forward_source import RewriteRefused
-from hfcheck.analyzer.graph.tracer import Trace, trace_module
+from hfcheck.analyzer.graph.tracer import Trace
 
 
 @dataclass
@@ -29,23 +35,11 @@ class ClassFusions:
 _CACHE: dict[tuple, ClassFusions] = {}
 
 
-def class_key(module: nn.Module) -> tuple:
-    """vLLM caches per (type, child names): one entry per distinct module shape. One vLLM
-    process holds one model; hfcheck scans many in one process (port's re-scans, the TUI, a
-    sweep), and a trace bakes the instance's sizes (``split((self.embed_dim, ...))``), so the
-    sizes are part of the key: parameter shapes and the module's own numeric attributes."""
-    shapes = tuple((name, tuple(p.shape)) for name, p in module.named_parameters())
-    numbers = tuple(sorted((k, v) for k, v in vars(module).items() if isinstance(v, (int, float)) and not isinstance(v, bool)))
-    return (type(module), tuple(name for name, _ in module.named_children()), shapes, numbers)
-
-
 def class_fusions(module: nn.Module) -> ClassFusions:
     key = class_key(module)
     if key in _CACHE:
         return _CACHE[key]
-    children = list(module.children())
-    linears = sum(isinstance(c, nn.Linear) for c in children)
-    traced = trace_module(module) if linears >= 2 or not children else None
+    traced = trace_for_patterns(module)
     result = ClassFusions(traced)
     _CACHE[key] = result  # before matching: MLA asks about child norms, never about itself
     for pattern in PATTERNS:
@@ -61,10 +55,6 @@ def class_fusions(module: nn.Module) -> ClassFusions:
             continue
         result.candidates.append((pattern, match))
     return result
-
-
-def is_rms_norm(module: nn.Module) -> bool:
-    return any(p is RMSNorm for p, _ in class_fusions(module).candidates)
 
 
 @dataclass
@@ -115,3 +105,4 @@ def fused_forward(module: nn.Module, match: Match) -> Callable:
 def clear_cache() -> None:
     _CACHE.clear()
     _FORWARDS.clear()
+    clear_norm_cache()

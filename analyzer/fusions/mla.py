@@ -10,6 +10,7 @@ import ast
 from torch import fx, nn
 
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.rms_norm import is_rms_norm
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import (
     child,
@@ -68,8 +69,6 @@ class MLA(Pattern):
 
     @classmethod
     def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        from hfcheck.analyzer.fusions.detect import is_rms_norm
-
         if trace is None or trace.graph is None:
             return None
         graph = trace.graph

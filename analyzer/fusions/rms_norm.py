@@ -10,7 +10,7 @@ import inspect
 
 from torch import fx, nn
 
-from hfcheck.analyzer.fusions.base import Match, Pattern
+from hfcheck.analyzer.fusions.base import Match, Pattern, class_key, trace_for_patterns
 from hfcheck.analyzer.graph.nodes import find, is_op, operand, output_value, peel
 from hfcheck.analyzer.graph.tracer import Trace, forward_parameters
 
@@ -100,3 +100,19 @@ class RMSNorm(Pattern):
         if _trailing(graph, tail):
             return None
         return Match(cls.name, details={"zero_centered": zero_centered})
+
+
+_NORMS: dict[tuple, bool] = {}
+
+
+def is_rms_norm(module: nn.Module) -> bool:
+    """Whether vLLM's RMSNorm fuser takes this module's class (MLA asks it of the norms
+    between its projections); once per class key, as ``detect.class_fusions`` answers it."""
+    key = class_key(module)
+    if key not in _NORMS:
+        _NORMS[key] = RMSNorm.find(trace_for_patterns(module), module) is not None
+    return _NORMS[key]
+
+
+def clear_norm_cache() -> None:
+    _NORMS.clear()
