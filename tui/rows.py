@@ -87,9 +87,9 @@ class Entry:
 
 def fusion_names(report: dict[str, Any]) -> str:
     # the sweep's own column: same names, same order
-    from hfcheck.analyzer.sweep.atlas import _fusions
+    from hfcheck.analyzer.sweep.atlas import fusions_cell
 
-    return _fusions(report)
+    return fusions_cell(report)
 
 
 def moe_cell(report: dict[str, Any]) -> str:

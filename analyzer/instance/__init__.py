@@ -42,7 +42,7 @@ def register_attention() -> None:
         AttentionInterface.register(ATTN_IMPLEMENTATION, sdpa_attention_forward)
 
 
-def _is_moe_layer(facts: ModelFacts, text: Any, i: int) -> bool:
+def is_moe_layer(facts: ModelFacts, text: Any, i: int) -> bool:
     if not facts.is_moe or i < facts.first_dense_layers:
         return False
     step = getattr(text, "decoder_sparse_step", None) or getattr(text, "moe_layer_freq", None) or 1
@@ -54,10 +54,10 @@ def _is_moe_layer(facts: ModelFacts, text: Any, i: int) -> bool:
 
 def structural_prefix(facts: ModelFacts, text: Any) -> int:
     """Shortest layer prefix holding every distinct (layer kind, MoE or dense) pair."""
-    wanted = {(t, _is_moe_layer(facts, text, i)) for i, t in enumerate(facts.layer_types)}
+    wanted = {(t, is_moe_layer(facts, text, i)) for i, t in enumerate(facts.layer_types)}
     seen: set[tuple[str, bool]] = set()
     for i, kind in enumerate(facts.layer_types):
-        seen.add((kind, _is_moe_layer(facts, text, i)))
+        seen.add((kind, is_moe_layer(facts, text, i)))
         if seen == wanted:
             return max(1, min(i + 1, MAX_PREFIX, facts.num_layers))
     return min(facts.num_layers, MAX_PREFIX)

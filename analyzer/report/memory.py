@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from hfcheck.analyzer.instance import _is_moe_layer
+from hfcheck.analyzer.instance import is_moe_layer
 
 GPU_GIB = 80
 """Assumed accelerator memory (H100/A100 80 GB class); stated in the output."""
@@ -44,14 +44,14 @@ def estimate(analysis) -> MemoryEstimate | None:
         for i, layer in enumerate(module):
             expert = sum(p.numel() for n, p in layer.named_parameters() if ".experts." in f".{n}")
             other = sum(p.numel() for p in layer.parameters()) - expert
-            key = (inst.layer_types[i] if i < len(inst.layer_types) else "full_attention", _is_moe_layer(facts, text, i))
+            key = (inst.layer_types[i] if i < len(inst.layer_types) else "full_attention", is_moe_layer(facts, text, i))
             kept.setdefault(key, (other, expert))
     tiny_experts = max(2, min(facts.num_experts, 4)) if facts.is_moe else 1
     scale = facts.num_experts / tiny_experts if facts.is_moe else 1
     layer_total = 0.0
     fallback = next(iter(kept.values()), (0, 0))
     for i, kind in enumerate(facts.layer_types):
-        other, expert = kept.get((kind, _is_moe_layer(facts, text, i)), fallback)
+        other, expert = kept.get((kind, is_moe_layer(facts, text, i)), fallback)
         layer_total += other + expert * scale
     params = int(total_other + layer_total)
     lm_head = 0 if facts.tie_word_embeddings else (facts.vocab_size or 0) * (facts.hidden_size or 0)

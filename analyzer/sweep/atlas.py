@@ -33,7 +33,7 @@ def _cell(value: Any) -> str:
     return text or "—"
 
 
-def _fusions(report: dict) -> str:
+def fusions_cell(report: dict) -> str:
     from hfcheck.analyzer import vocabulary as V
 
     names = {f for m in report.get("modules", []) for f in m.get("fusions", [])}
@@ -51,7 +51,7 @@ def _moe(report: dict) -> str:
     return "; ".join(parts)
 
 
-def _tp(report: dict) -> str:
+def tp_cell(report: dict) -> str:
     sizes = (report.get("parallel") or {}).get("tp", {}).get("sizes") or {}
     ok = [s for s, works in sizes.items() if works]
     return ", ".join(ok) if ok else "none"
@@ -218,8 +218,8 @@ def _table(rows: list, runtime: tuple[str, dict[str, dict]] | None) -> list[str]
         archs = ", ".join(report.get("model", {}).get("architectures") or []) or "—"
         blockers = "; ".join(_short(b) for b in report.get("blockers") or []) or "—"
         out.append(
-            f"| {_cell(t.key)} | {_cell(archs)} | {report.get('verdict')} | {report.get('score')} | {_cell(_fusions(report))} | "
-            f"{_cell(_moe(report))} | {_tp(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |{tail}"
+            f"| {_cell(t.key)} | {_cell(archs)} | {report.get('verdict')} | {report.get('score')} | {_cell(fusions_cell(report))} | "
+            f"{_cell(_moe(report))} | {tp_cell(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |{tail}"
         )
     out.append("")
     return out

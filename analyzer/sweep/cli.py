@@ -243,7 +243,7 @@ def _print_table(result) -> None:
     from rich.table import Table
 
     from hfcheck.analyzer.render.text import VERDICT_STYLE
-    from hfcheck.analyzer.sweep.atlas import _fusions, _tp, coverage, summary_counts
+    from hfcheck.analyzer.sweep.atlas import coverage, fusions_cell, summary_counts, tp_cell
     from hfcheck.analyzer.sweep.run import FAILED, failure_reason, instance_error
 
     table = Table(show_lines=False, expand=False)
@@ -256,7 +256,7 @@ def _print_table(result) -> None:
             continue
         note = instance_error(res) or ("; ".join(report.get("blockers") or []))
         style = VERDICT_STYLE.get(report["verdict"], "")
-        table.add_row(target.key, f"[{style}]{report['verdict']}[/]" if style else report["verdict"], str(report["score"]), _fusions(report), _tp(report), note)
+        table.add_row(target.key, f"[{style}]{report['verdict']}[/]" if style else report["verdict"], str(report["score"]), fusions_cell(report), tp_cell(report), note)
     console = Console()
     console.print(table)
     counts = summary_counts(result)

@@ -122,9 +122,9 @@ def extra_checks(outcome: RetargetOutcome, reference: Reference) -> None:
 
     def load(attn: str):
         if found.plan is None:
-            from hfcheck.porter.retarget.search import _load_same_names
+            from hfcheck.porter.retarget.search import load_same_names
 
-            model, _, _ = _load_same_names(found.native_tiny_config, run.state)
+            model, _, _ = load_same_names(found.native_tiny_config, run.state)
             model.config._attn_implementation = attn
             return model
         model = build_native(found.native_tiny_config, attn)

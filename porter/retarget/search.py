@@ -135,7 +135,7 @@ def _try(hyp: Hypothesis, run: ReferenceRun, dims: Dims, tiny_config: dict[str, 
             converted = convert_state(plan, dims.layers, state)
             missing, unexpected = load_planned(model, converted)
         else:
-            model, missing, unexpected = _load_same_names(native_cfg, state)
+            model, missing, unexpected = load_same_names(native_cfg, state)
     except (PlanError, RuntimeError, ValueError, KeyError) as exc:
         attempt.detail = f"the weights do not convert: {str(exc).splitlines()[0][:200]}"
         return attempt, None
@@ -176,7 +176,7 @@ def load_planned(model, converted: dict[str, Any]) -> tuple[list[str], list[str]
     return missing, unexpected
 
 
-def _load_same_names(native_cfg: dict[str, Any], state: dict[str, Any]):
+def load_same_names(native_cfg: dict[str, Any], state: dict[str, Any]):
     """Same names: save the original's tensors as a checkpoint and let the native class load
     it the way ``from_pretrained`` (and vLLM) does, renames and expert fusion included."""
     import json

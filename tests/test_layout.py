@@ -1,0 +1,108 @@
+"""The layout's one-way arrows, read from the source itself (an ``ast`` walk of every import,
+function-level ones included; ``if TYPE_CHECKING:`` imports excluded, they never run):
+
+- no import cycle anywhere in hfcheck: a cycle hides which room stands on which, and a
+  function-level import that closes one only postpones the knot;
+- no product-code import of a ``_private`` name from another package: a name another room
+  needs is public where it lives.
+
+A new cycle or cross-package private import fails here, naming it."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _modules() -> dict[str, Path]:
+    """Module name -> file, from pyproject's package-dir (the card's folders are hfcheck.*)."""
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    out: dict[str, Path] = {}
+    for package, folder in mapping.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in path.parts:
+                continue
+            parts = [package, *path.relative_to(ROOT / folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.setdefault(".".join(parts), path)
+    return out
+
+
+MODULES = _modules()
+
+
+def _package(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for sub in ast.walk(node)}
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in typing_only]
+
+
+def _absolute(node: ast.ImportFrom, module: str) -> str:
+    if not node.level:
+        return node.module or ""
+    base = _package(module).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _known(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for module, path in MODULES.items():
+        graph.add_node(module)
+        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute(node, module)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+            else:
+                targets = [a.name for a in node.names]
+            for target in filter(None, map(_known, targets)):
+                if target != module:
+                    graph.add_edge(module, target, line=f"{path.relative_to(ROOT)}:{node.lineno}")
+    return graph
+
+
+def test_the_layout_is_read_from_the_whole_tree():
+    graph = import_graph()
+    assert len(MODULES) > 150 and graph.number_of_edges() > 400  # the walk sees the real tree
+    assert graph.has_edge("hfcheck.analyzer.analysis", "hfcheck.analyzer.facts")
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    cycles = []
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1:
+            cycle = nx.find_cycle(graph.subgraph(component))
+            cycles.append(" -> ".join(f"{a} ({graph.edges[a, b]['line']})" for a, b in cycle))
+    assert cycles == []
+
+
+def test_no_private_name_imported_from_another_package():
+    crossings = []
+    for module, path in MODULES.items():
+        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = _known(_absolute(node, module))
+            if target is None:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__") and _package(target) != _package(module):
+                    crossings.append(f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} from {target}")
+    assert crossings == []
