@@ -352,11 +352,9 @@ def _finish(result: ServeResult, work: Path, t_start: float) -> ServeResult:
 
 
 def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
-    from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.scan import scan
 
-    return build_report(analyse(resolve(model_dir), trust_remote_code=trust))
+    return scan(model_dir, trust_remote_code=trust).report
 
 
 def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,

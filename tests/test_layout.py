@@ -11,10 +11,10 @@ A new cycle or cross-package private import fails here, naming it."""
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 import networkx as nx
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -98,13 +98,12 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
     import warnings
 
     warnings.simplefilter("ignore")
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.scan import scan
 
     try:  # warm up (lazy imports, first trace) so a task's time limit measures the task alone
         from hfcheck.analyzer.sweep.targets import type_source
 
-        build_report(analyse(type_source("llama")))
+        scan(type_source("llama"))
     except Exception:  # noqa: BLE001, S110 - a warm-up that fails only costs the first task some time
         pass
     conn.send(("ready", os.getpid()))
@@ -124,7 +123,7 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
         if _hooked(key, CRASH_ENV):
             os.abort()
         try:
-            result = {"report": build_report(analyse(source))}
+            result = {"report": scan(source).report}
         except BaseException as exc:  # noqa: BLE001 - any failure of one model is its result
             result = {"error": _error_text(exc), "cacheable": not isinstance(exc, MemoryError)}
         if probe:

@@ -113,10 +113,9 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         result.message, result.path = reason, "refused"
         return result
     if not has_remote_code(source):
-        from hfcheck.analyzer.analysis import analyse
-        from hfcheck.analyzer.report import build_report
+        from hfcheck.analyzer.scan import scan
 
-        report = build_report(analyse(source))
+        report = scan(source).report
         result.status = "nothing_to_port"
         result.message = (f"{facts.architectures[0] if facts.architectures else facts.model_type} is a native transformers model "
                           f"(model_type {facts.model_type!r}): its code is transformers' own, so there is nothing to port and nothing was written "
@@ -584,9 +583,7 @@ def _copy_other_files(src_dir: Path, out_dir: Path, code: set[str]) -> list[str]
 
 def _rescan(source, out_dir: Path) -> list[dict[str, Any]]:
     """Checks that were not passing on the original, next to their status on the ported model."""
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
-    from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.scan import scan
 
     def worst(report) -> dict[str, tuple[str, str]]:
         out: dict[str, tuple[str, str]] = {}
@@ -596,9 +593,9 @@ def _rescan(source, out_dir: Path) -> list[dict[str, Any]]:
                 out[c["code"]] = (c["status"], c["message"])
         return out
 
-    before_report = build_report(analyse(source))
+    before_report = scan(source).report
     before = worst(before_report)
-    after_report = build_report(analyse(resolve(str(out_dir)), trust_remote_code=True))
+    after_report = scan(str(out_dir), trust_remote_code=True).report
     after = worst(after_report)
     rows = []
     for code in sorted(set(before) | set(after)):

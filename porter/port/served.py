@@ -45,12 +45,11 @@ def tokenizer_needs_remote_code(folder: Path) -> bool:
 
 
 def how_served(folder: Path, *, trust_remote_code: bool = False) -> Served:
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.sources import resolve
 
     source = resolve(str(folder))
-    report = build_report(analyse(source, trust_remote_code=trust_remote_code))
+    report = scan(source, trust_remote_code=trust_remote_code).report
     model = report["model"]
     arch = (model.get("architectures") or ["?"])[0]
     verdict, score = report["verdict"], report["score"]

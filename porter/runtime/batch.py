@@ -167,9 +167,7 @@ def generate_in_vllm(log_path: Path, prompts: list[Any], max_tokens: int, **llm:
 def run_one(model_type: str, work: Path) -> dict[str, Any]:
     import torch
 
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
-    from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
     from hfcheck.porter.runtime.decisions import differences, predicted
 
@@ -181,7 +179,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a type whose small instance does not build is a row
         row.update(status="no-instance", error=_first(exc))
         return row
-    report = build_report(analyse(resolve(str(folder))))
+    report = scan(str(folder)).report
     want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
     log_path = work / f"{model_type}.log"

@@ -63,9 +63,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
-    from hfcheck.analyzer.sources import resolve
+    from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
     from hfcheck.porter.runtime.decisions import differences, predicted
 
@@ -88,7 +86,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
             return row
         row["built_from"] = "published" if name.startswith(PUBLISHED_PREFIX) else "defaults"
         length = context_length(json.loads((folder / "config.json").read_text(encoding="utf-8")), 8192)  # default image sizes: many tokens
-    report = build_report(analyse(resolve(str(folder))))
+    report = scan(str(folder)).report
     want = predicted(report, cpu_build=installed_is_cpu_build())
     row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
     prompts = {"image": f"{placeholder} {PROMPT_WORDS}", "text": f"{PROMPT_WORDS} b"}
