@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.tolerances import VERIFY_OUTPUT
 
-TOLERANCE = 1e-5
+TOLERANCE = VERIFY_OUTPUT
 """Largest relative error (max |out - ref| / max |ref|, float32) a proof accepts."""
 
 ATTN = "hfcheck_verify"

@@ -32,6 +32,7 @@ from hfcheck.analyzer.fusions.moe import (
     vllm_expert_count,
 )
 from hfcheck.analyzer.graph.nodes import attention_key_value_linears, linears_share_an_input
+from hfcheck.analyzer.tolerances import PLAIN_LINEAR
 
 
 @dataclass
@@ -160,7 +161,7 @@ def linear_forward_lost(linear: nn.Linear) -> str | None:
         if not isinstance(out, torch.Tensor):
             return f"its forward returns a {type(out).__name__}, where vLLM's linear returns one tensor"
         plain = nn.functional.linear(x, probe.weight, probe.bias)
-        if out.shape != plain.shape or not torch.allclose(out.to(plain.dtype), plain, rtol=1e-4, atol=1e-5):
+        if out.shape != plain.shape or not torch.allclose(out.to(plain.dtype), plain, rtol=PLAIN_LINEAR[0], atol=PLAIN_LINEAR[1]):
             return "its forward computes more than x @ W.T + b"
     return None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from hfcheck.analyzer.facts.runner import backend_class
 from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.tolerances import SAME_HIDDEN_STATES
 
 LEGACY_DROPPED_PREFIXES = ("model.lm_head.", "model.predictions.", "model.qa_outputs.", "model.embeddings_project.",
                            "model.discriminator_predictions.")
@@ -119,7 +120,7 @@ class PoolingForwardAsCalled(Rule):
             return [self.inconclusive(f"transformers' own call on token ids fails: {type(exc).__name__}")]
         gap = float((as_vllm - own).abs().max())
         shift = f"from {positions[0]}" + (", pad_token_id + 1 for a 'roberta' model type" if positions[0] else "")
-        if not torch.allclose(as_vllm, own, atol=1e-5, rtol=1e-4):
+        if not torch.allclose(as_vllm, own, rtol=SAME_HIDDEN_STATES[0], atol=SAME_HIDDEN_STATES[1]):
             return [self.failed(f"{type(tiny.model).__name__} computes other hidden states with vLLM's positions ({shift}) than with its own "
                                 f"(max difference {gap:.3g}): vLLM serves a different function", max_difference=gap, first_position=positions[0])]
         return [self.passed(f"{type(tiny.model).__name__}: vLLM's call (positions {shift}) computes transformers' hidden states", max_difference=gap)]

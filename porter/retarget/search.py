@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.tolerances import PORT_LOGITS
 from hfcheck.porter.reference.run import ReferenceRun
 from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
 from hfcheck.porter.retarget.plan import PlanError, Recipe, convert_state, expand, sources
 from hfcheck.porter.retarget.targets import TARGETS, Hypothesis
 
-TOLERANCE = 1e-4
+TOLERANCE = PORT_LOGITS
 MAX_ATTEMPTS = 96
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 
+from hfcheck.analyzer.tolerances import ATTENTION_REGION, SCALE_MATCH
 from hfcheck.porter.port.dataflow.graph import Core, Dataflow
 
-TOLERANCE = 1e-4
+TOLERANCE = ATTENTION_REGION
 
 
-def close(a: float, b: float, rel: float = 1e-5) -> bool:
+def close(a: float, b: float, rel: float = SCALE_MATCH) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
