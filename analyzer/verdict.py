@@ -37,6 +37,12 @@ from hfcheck.analyzer.rules.base import Finding
 VERDICTS: tuple[str, ...] = ("native-speed", "runs", "inconclusive", "blocked")
 """Every verdict, best first."""
 
+SUMMARY_ORDER: tuple[str, ...] = ("native-speed", "runs", "blocked", "inconclusive")
+"""The order the atlas and the sweep count verdicts in: those that load, then those that do not."""
+
+VERDICT_STYLE: dict[str, str] = {"native-speed": "bold green", "runs": "bold yellow", "blocked": "bold red", "inconclusive": "bold magenta"}
+"""How every view colours a verdict (rich styles): the text report, the sweep's table, the TUI."""
+
 LOADS: frozenset[str] = frozenset({"native-speed", "runs"})
 """The verdicts under which vLLM's transformers backend loads the model."""
 

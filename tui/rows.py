@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hfcheck.analyzer.report.cells import fusions_cell, largest_tp, moe_summary, pp_cell
 from hfcheck.analyzer.sweep.targets import Target
+from hfcheck.analyzer.verdict import VERDICT_STYLE as VERDICT_STYLES
 from hfcheck.analyzer.verdict import VERDICTS
 
 QUEUED, SCANNING, DONE, CANCELLED = "queued", "scanning", "done", "cancelled"
@@ -21,11 +23,8 @@ ERROR = "error"  # the verdict cell of a model whose analysis failed
 PENDING = "pending"  # the verdict filter matching queued / scanning / cancelled rows
 
 VERDICT_FILTERS: tuple[str | None, ...] = (None, *VERDICTS, ERROR, PENDING)
-VERDICT_STYLE = {
-    "native-speed": "bold green",
-    "runs": "bold yellow",
-    "blocked": "bold red",
-    "inconclusive": "bold magenta",
+VERDICT_STYLE = {  # the verdicts' styles, and the TUI's own row states
+    **VERDICT_STYLES,
     ERROR: "bold white on red",
     QUEUED: "dim",
     SCANNING: "italic cyan",
@@ -85,32 +84,6 @@ class Entry:
 # ------------------------------------------------------------------------------- cells
 
 
-def fusion_names(report: dict[str, Any]) -> str:
-    # the sweep's own column: same names, same order
-    from hfcheck.analyzer.sweep.atlas import fusions_cell
-
-    return fusions_cell(report)
-
-
-def moe_cell(report: dict[str, Any]) -> str:
-    blocks = report.get("moe") or []
-    if not blocks:
-        return "—"
-    if all(b.get("experts_replaceable") for b in blocks):
-        return "fused+EP" if (report.get("parallel") or {}).get("ep", {}).get("supported") else "fused"
-    return "not fused"
-
-
-def largest_tp(report: dict[str, Any]) -> int | None:
-    sizes = (report.get("parallel") or {}).get("tp", {}).get("sizes") or {}
-    ok = [int(s) for s, works in sizes.items() if works]
-    return max(ok) if ok else None
-
-
-def pp_cell(report: dict[str, Any]) -> str:
-    return "yes" if (report.get("parallel") or {}).get("pp", {}).get("supported") else "no"
-
-
 def note_of(entry: Entry) -> str:
     if entry.state == QUEUED:
         return "waiting for a worker"
@@ -160,8 +133,8 @@ def cells(entry: Entry) -> dict[str, str]:
     tp = largest_tp(report)
     out.update(
         score=str(report.get("score", "")),
-        fusions=fusion_names(report).replace(", ", " "),
-        moe=moe_cell(report),
+        fusions=fusions_cell(report).replace(", ", " "),
+        moe=moe_summary(report),
         tp=str(tp) if tp else "none",
         pp=pp_cell(report),
         blockers=str(len(report.get("blockers") or [])),
@@ -282,7 +255,7 @@ def markdown(entries: list[Entry], *, title: str = "hfcheck tui", scope: str = "
     lines += ["", "| " + " | ".join(label for _, label in COLUMNS) + " | vllm serve |", "|" + "---|" * (len(COLUMNS) + 1)]
     for e in entries:
         c = cells(e)
-        c["fusions"] = fusion_names(e.report) if e.report else ""
+        c["fusions"] = fusions_cell(e.report) if e.report else ""
         command = (e.report or {}).get("serve_command") or ""
         lines.append("| " + " | ".join(_md(c[col]) for col in COLUMN_IDS) + f" | {('`' + command + '`') if command else '—'} |")
     lines.append("")

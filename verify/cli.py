@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.text import Text
 
-        from hfcheck.analyzer.render.text import VERDICT_STYLE
+        from hfcheck.analyzer.verdict import VERDICT_STYLE
 
         console = Console()
         model = report["model"]

@@ -10,7 +10,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-VERDICT_STYLE = {"native-speed": "bold green", "runs": "bold yellow", "blocked": "bold red", "inconclusive": "bold magenta"}
+from hfcheck.analyzer.verdict import VERDICT_STYLE
+
 NO_COMMAND = "vLLM's transformers backend would refuse this model."
 """Why there is no command, for reports older than schema 1.1 (no ``serve`` note)."""
 STATUS_MARK = {"pass": ("✓", "green"), "fail": ("✗", "red"), "warn": ("!", "yellow"), "info": ("·", "cyan"), "inconclusive": ("?", "magenta")}

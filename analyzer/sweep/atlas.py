@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.report.cells import fusions_cell, moe_detail, native_cell, pp_cell, tp_cell
 from hfcheck.analyzer.sweep.run import (
     FAILED,
     SweepResult,
@@ -20,8 +21,9 @@ from hfcheck.analyzer.sweep.run import (
     instance_ok,
 )
 from hfcheck.analyzer.sweep.targets import CAUSAL, POOLING, VLM
+from hfcheck.analyzer.verdict import SUMMARY_ORDER
 
-VERDICTS = ("native-speed", "runs", "blocked", "inconclusive")
+VERDICTS = SUMMARY_ORDER
 
 
 def default_path(transformers_version: str) -> Path:
@@ -31,39 +33,6 @@ def default_path(transformers_version: str) -> Path:
 def _cell(value: Any) -> str:
     text = str(value).replace("\n", " ").replace("|", "\\|").strip()
     return text or "—"
-
-
-def fusions_cell(report: dict) -> str:
-    from hfcheck.analyzer import vocabulary as V
-
-    names = {f for m in report.get("modules", []) for f in m.get("fusions", [])}
-    return ", ".join(sorted(names, key=lambda n: V.FUSIONS.index(n) if n in V.FUSIONS else len(V.FUSIONS))) or "none"
-
-
-def _moe(report: dict) -> str:
-    blocks = report.get("moe") or []
-    if not blocks:
-        return "—"
-    parts = []
-    for b in blocks:
-        state = "replaceable" if b.get("experts_replaceable") else "not replaceable"
-        parts.append(f"{b.get('class')}: {state}")
-    return "; ".join(parts)
-
-
-def tp_cell(report: dict) -> str:
-    sizes = (report.get("parallel") or {}).get("tp", {}).get("sizes") or {}
-    ok = [s for s, works in sizes.items() if works]
-    return ", ".join(ok) if ok else "none"
-
-
-def _pp(report: dict) -> str:
-    return "yes" if (report.get("parallel") or {}).get("pp", {}).get("supported") else "no"
-
-
-def _native(report: dict) -> str:
-    native = (report.get("model") or {}).get("vllm_native")
-    return "yes" if native else ("no" if native is False else "?")
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -219,7 +188,7 @@ def _table(rows: list, runtime: tuple[str, dict[str, dict]] | None) -> list[str]
         blockers = "; ".join(_short(b) for b in report.get("blockers") or []) or "—"
         out.append(
             f"| {_cell(t.key)} | {_cell(archs)} | {report.get('verdict')} | {report.get('score')} | {_cell(fusions_cell(report))} | "
-            f"{_cell(_moe(report))} | {tp_cell(report)} | {_pp(report)} | {_cell(blockers)} | {_native(report)} |{tail}"
+            f"{_cell(moe_detail(report))} | {tp_cell(report)} | {pp_cell(report)} | {_cell(blockers)} | {native_cell(report)} |{tail}"
         )
     out.append("")
     return out
@@ -257,7 +226,6 @@ def _section(result: SweepResult, section: str, runtime: tuple[str, dict[str, di
                     f"the others have none); **{a['all_agree']} of {a['built']}** agree with the prediction"
                     + (f" (differing: {', '.join(a['disagree'])}; see the row)." if a["disagree"] else "."), ""]
     return out + _table(rows, runtime)
-
 
 
 def write_atlas(result: SweepResult, path: Path) -> Path:

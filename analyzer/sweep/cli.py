@@ -242,9 +242,10 @@ def _print_table(result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hfcheck.analyzer.render.text import VERDICT_STYLE
-    from hfcheck.analyzer.sweep.atlas import coverage, fusions_cell, summary_counts, tp_cell
+    from hfcheck.analyzer.report.cells import fusions_cell, tp_cell
+    from hfcheck.analyzer.sweep.atlas import coverage, summary_counts
     from hfcheck.analyzer.sweep.run import FAILED, failure_reason, instance_error
+    from hfcheck.analyzer.verdict import VERDICT_STYLE
 
     table = Table(show_lines=False, expand=False)
     for name in ("target", "verdict", "score", "fusions", "TP", "note"):
