@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation import child_env, private_root, run_child
+from hfcheck.analyzer.isolation import child_env, private_root
+from hfcheck.analyzer.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.retarget.search import compare
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -50,12 +51,9 @@ def prove_rewrite(reference, files: dict[str, str], auto_map: dict[str, Any], ru
         key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else "AutoModel"
         job = {"ported_dir": str(ported), "class_ref": auto_map[key], "ids": reference.input_ids,
                "generate_tokens": len(run.result.get("generated") or run.result.get("greedy_no_cache") or [])}
-        (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
         bootstrap = "from hfcheck.porter.port.equivalence import child_main; child_main()"
-        child = run_child([sys.executable, "-I", "-c", bootstrap, str(root)], root, timeout=timeout, env=child_env(root, 1))
-        try:
-            result = json.loads((root / "result.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        child, result = run_job([sys.executable, "-I", "-c", bootstrap, str(root)], root, job, timeout=timeout, env=child_env(root, 1))
+        if result is None:
             result = {"error": f"the proof process exited with status {child.returncode} and no result"}
         outputs = {}
         if (root / "outputs.safetensors").is_file():
@@ -117,7 +115,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
 
     root = Path(sys.argv[-1]).resolve()
     fence = install(root, DEFAULT_TIMEOUT_S * 2)
-    job = json.loads((root / "job.json").read_text(encoding="utf-8"))
+    job = read_job(root)
     result: dict[str, Any] = {"error": None, "failed": {}}
     outputs: dict[str, Any] = {}
     stage = "starting"
@@ -181,5 +179,5 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
         result["error"] = f"{stage}: {type(exc).__name__}: {first}".rstrip(": ")
     result["blocked"] = list(fence.blocked)
     fence.strict = False
-    (root / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    write_result(root, result)
     os._exit(0)

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation import child_env, private_root, run_child
+from hfcheck.analyzer.isolation import child_env, private_root
+from hfcheck.analyzer.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.reference.run import MEMORY_BUDGET_BYTES, run_reference
 from hfcheck.porter.reference.shrink import FIELDS, first
 from hfcheck.porter.retarget.search import compare
@@ -101,13 +102,10 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
         ported = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
         job["config"] = _set(_set(ported, "layers", keep) if truncate else ported, "vocab", rows)
     with private_root("hfcheck-real-weights-") as root:
-        (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
         bootstrap = "from hfcheck.porter.port.realweights import child_main; child_main()"
-        child = run_child([sys.executable, "-I", "-c", bootstrap, str(root)], root, timeout=timeout, env=child_env(root, 1),
-                          max_rss_bytes=MEMORY_BUDGET_BYTES)
-        try:
-            result = json.loads((root / "result.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        child, result = run_job([sys.executable, "-I", "-c", bootstrap, str(root)], root, job, timeout=timeout, env=child_env(root, 1),
+                                max_rss_bytes=MEMORY_BUDGET_BYTES)
+        if result is None:
             result = {"error": "the output model's process ended without a result"
                       + (" (over the memory budget)" if child.over_memory else f" (status {child.returncode})")}
         got = None
@@ -128,7 +126,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
 
     root = Path(sys.argv[-1]).resolve()
     fence = install(root, 1200)
-    job = json.loads((root / "job.json").read_text(encoding="utf-8"))
+    job = read_job(root)
     result: dict[str, Any] = {"error": None}
     stage = "starting"
     try:
@@ -178,5 +176,5 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
         first_line = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         result["error"] = f"{stage}: {type(exc).__name__}: {first_line}".rstrip(": ")
     fence.strict = False
-    (root / "result.json").write_text(json.dumps(result), encoding="utf-8")
+    write_result(root, result)
     os._exit(0)

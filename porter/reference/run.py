@@ -6,12 +6,12 @@ Nothing here imports the remote code; the tensors come back through safetensors 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation import child_env, private_root, run_child
+from hfcheck.analyzer.isolation import child_env, private_root
+from hfcheck.analyzer.isolation.jobs import run_job
 from hfcheck.porter.reference.environments import GPU_ONLY, ReferenceEnv
 
 CHILD = Path(__file__).with_name("child.py")
@@ -101,13 +101,9 @@ def run_reference(env: ReferenceEnv, code_files: dict[str, str], auto_map: dict[
             "meta_config": meta_config, "import_only": import_only, "threads": threads, "cpu_seconds": timeout * 2,
             "checkpoint": {"dir": checkpoint_dir, "moved": list(checkpoint_moved or [])} if checkpoint_dir else None, "gpu_shims": GPU_ONLY if gpu_shims else None,
         }
-        (root / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        run = run_child([str(env.python), "-I", str(CHILD), str(root)], root, timeout=timeout, env=child_env(root, threads),
-                        max_rss_bytes=MEMORY_BUDGET_BYTES)
-        try:
-            result = json.loads((root / "result.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            result = {}
+        run, result = run_job([str(env.python), "-I", str(CHILD), str(root)], root, job, timeout=timeout, env=child_env(root, threads),
+                              max_rss_bytes=MEMORY_BUDGET_BYTES)
+        result = result or {}
         tensors = {}
         if (root / "tensors.safetensors").is_file():
             from safetensors.torch import load_file
