@@ -182,12 +182,13 @@ def test_rules_document_themselves_and_carry_file_and_line():
     for rule in REMOTE_CODE_RULES:
         doc = rule.documentation()
         assert rule.code in doc and rule.what and rule.why and rule.example and rule.fix
-    analysis = SimpleNamespace(source=resolve(str(FIXTURES / "legacy")))
+    legacy = resolve(str(FIXTURES / "legacy"))
+    analysis = SimpleNamespace(source=legacy, code=static_findings(legacy))  # as analyse() fills it
     findings = [f for rule in REMOTE_CODE_RULES for f in rule().check(analysis)]
     problems = [f for f in findings if f.status != "pass"]
     assert Counter((f.code, f.details["file"], f.details["line"]) for f in problems) == expected("legacy")
     assert all(f.remediation for f in problems if f.status in ("fail", "warn"))
-    plain = SimpleNamespace(source=_source({"model_type": "qwen3"}, {}))
+    plain = SimpleNamespace(source=_source({"model_type": "qwen3"}, {}), code=None)  # no remote code: analyse() leaves it None
     assert [f for rule in REMOTE_CODE_RULES for f in rule().check(plain)] == []
 
 
@@ -339,9 +340,9 @@ def test_static_failures_become_notes_when_the_built_model_decides():
     from hfcheck.analyzer.remote.checks.pipeline import PipelineModuleLists
 
     source = resolve(str(FIXTURES / "two_lists"))
-    (static,) = PipelineModuleLists().check(SimpleNamespace(source=source))
+    (static,) = PipelineModuleLists().check(SimpleNamespace(source=source, code=static_findings(source)))
     assert static.status == "fail" and static.impact == "parallel"
-    built = SimpleNamespace(source=source, sandbox=SimpleNamespace(ok=True), observations=object())
+    built = SimpleNamespace(source=source, code=static_findings(source), sandbox=SimpleNamespace(ok=True), observations=object())
     (noted,) = PipelineModuleLists().check(built)
     assert noted.status == "info" and "HFC601 decides" in noted.message and noted.details["line"] == static.details["line"]
 
