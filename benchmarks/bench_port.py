@@ -108,7 +108,7 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.reference.environments import EnvError, EnvSpec, ensure_env
+    from hfcheck.environments import EnvError, EnvSpec, ensure_env
     from hfcheck.porter.reference.establish import candidate_releases, required_packages
 
     print("reference environments (built once, then cached):")

@@ -91,7 +91,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 from hfcheck.analyzer.analysis import analyse
 from hfcheck.analyzer.report import build_report
 from hfcheck.analyzer.sources import resolve
-from hfcheck.analyzer.sweep.targets import causal_lm_types, type_source
+from hfcheck.analyzer.sources.model_types import causal_lm_types, type_source
 def once(ref):
     t = time.perf_counter(); build_report(analyse(resolve(ref))); return time.perf_counter() - t
 once("Qwen/Qwen3-4B")

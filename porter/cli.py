@@ -100,7 +100,7 @@ def _port(args) -> int:
     except Exception as exc:  # noqa: BLE001 - a defect of the porter's own: one line naming where, never a traceback
         return _fail(_porter_defect(exc, None if out_existed or args.out is None else Path(args.out).expanduser()))
     if args.serve and result.status == "ported":
-        from hfcheck.porter.serve import ServeError, smoke_serve
+        from hfcheck.runtime.serve import ServeError, smoke_serve
 
         log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
         try:
@@ -112,8 +112,8 @@ def _port(args) -> int:
     else:
         render_text(result)
         if result.serve is not None:
-            from hfcheck.porter.serve import ServeResult
-            from hfcheck.porter.serve import render_text as render_serve
+            from hfcheck.runtime.serve import ServeResult
+            from hfcheck.runtime.serve import render_text as render_serve
 
             if "backend" in result.serve:
                 render_serve(ServeResult(**result.serve))
@@ -123,7 +123,7 @@ def _port(args) -> int:
 
 
 def _serve(args) -> int:
-    from hfcheck.porter.serve import DEFAULT_PROMPT, ServeError, render_text, smoke_serve
+    from hfcheck.runtime.serve import DEFAULT_PROMPT, ServeError, render_text, smoke_serve
 
     log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
     try:

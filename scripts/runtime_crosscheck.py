@@ -5,9 +5,9 @@ vLLM (the CPU build here), its logged decisions compared with hfcheck's predicti
     .venv/bin/python scripts/runtime_crosscheck.py --vlm [--types llava,gemma3]   # vision-language folders with an image
     .venv/bin/python scripts/runtime_crosscheck.py --pooling [--types pooling:bert]   # every encoder type as an embedding model
 
-- vLLM's CPU build is set up once (``porter.runtime.environment``) and hfcheck is installed into
+- vLLM's CPU build is set up once (``runtime.environment``) and hfcheck is installed into
   it without dependencies, so prediction and runtime read the same transformers (5.19 there);
-- model types run in batches, several per process (``porter.runtime.batch``), each batch a child
+- model types run in batches, several per process (``runtime.batch``), each batch a child
   under the one isolated-process runner with a time limit; a model that hangs or kills its
   process costs that model (it is recorded as such) and the batch resumes after it;
 - results are one JSON line per model type in ``--out``: re-running skips every type already
@@ -36,14 +36,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def source_hash() -> str:
     h = hashlib.sha256()
-    for folder in ("analyzer", "porter/runtime"):
+    for folder in ("analyzer", "runtime"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             h.update(path.read_bytes())
     return h.hexdigest()[:12]
 
 
 def prepare(log) -> tuple[Path, str]:
-    from hfcheck.porter.runtime.environment import cpu_vllm, install_hfcheck
+    from hfcheck.runtime.environment import cpu_vllm, install_hfcheck
 
     runtime = cpu_vllm(log)
     if not install_hfcheck(runtime, log):
@@ -57,9 +57,9 @@ def model_types(python: Path) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-BATCH_MODULE = "hfcheck.porter.runtime.batch"
-VLM_MODULE = "hfcheck.porter.runtime.vlm"
-POOLING_MODULE = "hfcheck.porter.runtime.pooling"
+BATCH_MODULE = "hfcheck.runtime.batch"
+VLM_MODULE = "hfcheck.runtime.vlm"
+POOLING_MODULE = "hfcheck.runtime.pooling"
 """The child that runs a batch: causal-LM model types, the tiny vision-language cases (``--vlm``),
 or encoder types on vLLM's pooling runner (``--pooling``)."""
 
@@ -68,7 +68,7 @@ def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model
     """One batch in an isolated child on this machine (the one isolated-process runner); the
     batch appends a row per model type to ``out``. Returns which types got none: ``missing``, the
     one it was running when it stopped (``stuck``) and why."""
-    from hfcheck.analyzer.isolation import child_env, private_root, run_child
+    from hfcheck.isolation import child_env, private_root, run_child
 
     with private_root("hfcheck-runtime-batch-") as root:
         job = {"model_types": chunk, "out": str(out), "progress": str(root / "progress"), "vllm_version": version}
@@ -164,8 +164,8 @@ def run_on_ray(types: list[str], python: Path, version: str, out: Path, batch: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--types", default=None, help="comma-separated model types (default: every causal-LM type; with --vlm every case)")
-    parser.add_argument("--vlm", action="store_true", help="the tiny vision-language cases (porter/runtime/vlm.py), served with an image and text only")
-    parser.add_argument("--pooling", action="store_true", help="encoder types on vLLM's pooling runner (porter/runtime/pooling.py), embeddings compared")
+    parser.add_argument("--vlm", action="store_true", help="the tiny vision-language cases (runtime/vlm.py), served with an image and text only")
+    parser.add_argument("--pooling", action="store_true", help="encoder types on vLLM's pooling runner (runtime/pooling.py), embeddings compared")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--per-model", type=float, default=180.0, help="seconds allowed per model type")
     parser.add_argument("--out", default=None)
@@ -183,10 +183,10 @@ def main() -> int:
     def log(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    from hfcheck.porter.runtime.decisions import agreement
+    from hfcheck.runtime.decisions import agreement
 
     python, version = prepare(log)
-    from hfcheck.porter.runtime.decisions import rows_prefix
+    from hfcheck.runtime.decisions import rows_prefix
 
     out = Path(args.out or ROOT / "reports" / f"{rows_prefix(kind)}{version}.jsonl").resolve()  # the batches run elsewhere
     key = source_hash()

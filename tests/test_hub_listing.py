@@ -17,8 +17,8 @@ import pytest
 from hub_endpoint import Hub, hub_env
 from leftovers import no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
+from hfcheck.analyzer.sources.model_types import TargetError
 from hfcheck.analyzer.sweep.hub import HubQuery, parse_query
-from hfcheck.analyzer.sweep.targets import TargetError
 
 BUNDLED = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled"
 SMALL = json.loads((BUNDLED / "Qwen__Qwen3-0.6B" / "config.json").read_text())

@@ -106,3 +106,44 @@ def test_no_private_name_imported_from_another_package():
                 if alias.name.startswith("_") and not alias.name.startswith("__") and _package(target) != _package(module):
                     crossings.append(f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} from {target}")
     assert crossings == []
+
+
+# The rooms, lowest first. A room imports only rooms below it; rooms on one level do not import
+# each other. The story this tells: shared machinery (child processes and jobs, reference
+# environments, the command conventions) under the analyzer core; real vLLM above the core (it
+# asks the scan for predictions); the porter, the proofs and the sweep/atlas above both; the
+# dashboard and the entry point on top.
+ROOMS = (
+    ("shared", 0, ("hfcheck", "hfcheck.command", "hfcheck.environments", "hfcheck.isolation")),
+    ("analyzer core", 1, ("hfcheck.analyzer",)),
+    ("real vLLM", 2, ("hfcheck.runtime",)),
+    ("porter", 3, ("hfcheck.porter",)),
+    ("proofs", 3, ("hfcheck.verify",)),
+    ("sweep and atlas", 3, ("hfcheck.analyzer.sweep",)),
+    ("dashboard", 4, ("hfcheck.tui",)),
+    ("entry point", 5, ("hfcheck.cli", "hfcheck.__main__")),
+)
+
+
+def room_of(module: str) -> tuple[str, int]:
+    """The room whose longest prefix names the module (``hfcheck`` alone is the namespace root)."""
+    best = None
+    for name, level, prefixes in ROOMS:
+        for prefix in prefixes:
+            matches = module == prefix or (prefix != "hfcheck" and module.startswith(prefix + "."))
+            if matches and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), name, level)
+    assert best is not None, f"{module} is in no room: add it to ROOMS"
+    return best[1], best[2]
+
+
+def test_every_module_is_in_a_room_and_arrows_run_down():
+    graph = import_graph()
+    upward = []
+    for a, b, data in graph.edges(data=True):
+        (room_a, level_a), (room_b, level_b) = room_of(a), room_of(b)
+        if room_a != room_b and level_b >= level_a:
+            upward.append(f"{data['line']}: {room_a} imports {room_b} ({b})")
+    assert upward == []
+    assert room_of("hfcheck.analyzer.sweep.atlas")[0] == "sweep and atlas"
+    assert room_of("hfcheck.isolation.jobs")[0] == "shared"

@@ -83,7 +83,7 @@ def test_gemma3_backend_class_language_model_and_encoders(gemma3):
 
 @pytest.fixture(scope="module")
 def tiny_llava(tmp_path_factory) -> Path:
-    from hfcheck.porter.runtime.tiny_vlm import write_llava
+    from hfcheck.runtime.tiny_vlm import write_llava
 
     folder = tmp_path_factory.mktemp("tiny-llava")
     write_llava(folder)
@@ -176,7 +176,7 @@ def test_remote_vlm_with_layer_count_in_llm_config_gets_an_analysis():
 
 @pytest.fixture(scope="module")
 def tiny_idefics3(tmp_path_factory) -> Path:
-    from hfcheck.porter.runtime.tiny_vlm import write_idefics3
+    from hfcheck.runtime.tiny_vlm import write_idefics3
 
     folder = tmp_path_factory.mktemp("tiny-idefics3")
     write_idefics3(folder)
@@ -228,8 +228,8 @@ def test_a_small_folder_from_any_types_defaults(tmp_path):
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from hfcheck.porter.runtime.tiny_vlm import PROMPT_WORDS
-    from hfcheck.porter.runtime.vlm_folders import write_from_defaults
+    from hfcheck.runtime.tiny_vlm import PROMPT_WORDS
+    from hfcheck.runtime.vlm_folders import write_from_defaults
 
     folder = tmp_path / "llava_next"
     placeholder = write_from_defaults("llava_next", folder)
@@ -246,7 +246,7 @@ def test_a_small_folder_from_any_types_defaults(tmp_path):
 
 
 def test_a_type_whose_processor_needs_what_is_missing_says_so(tmp_path):
-    from hfcheck.porter.runtime.vlm_folders import write_from_defaults
+    from hfcheck.runtime.vlm_folders import write_from_defaults
 
     pytest.importorskip("transformers")
     import importlib.util

@@ -533,7 +533,7 @@ def test_serve_on_real_vllm_and_always_stop(tmp_path, capsys):
     assert result["differences"] == [] and result["decisions"]["fusions"] == result["predicted"]["fusions"]
     assert result["server_stopped"] and gone(result["server_pid"])
     # Ctrl-C while the server runs: the server is still stopped, and the interrupt goes on
-    from hfcheck.porter.serve import smoke_serve
+    from hfcheck.runtime.serve import smoke_serve
 
     pids = []
 
@@ -579,7 +579,7 @@ def test_serve_a_vision_language_folder_sends_an_image(tmp_path, capsys):
     one with the prompt alone; both prompts are the processor's token ids and both greedy
     continuations equal transformers' generate; the folder has no chat template, so the one
     hfcheck rendered with vLLM's placeholder goes to the server too."""
-    from hfcheck.porter.runtime.tiny_vlm import PROMPT_WORDS, write_llava
+    from hfcheck.runtime.tiny_vlm import PROMPT_WORDS, write_llava
 
     folder = tmp_path / "tiny-llava"
     write_llava(folder)
@@ -596,7 +596,7 @@ def test_serve_a_vision_language_folder_sends_an_image(tmp_path, capsys):
 
 
 def test_serve_an_image_that_is_not_one_is_a_clear_error(tmp_path, capsys):
-    from hfcheck.porter.runtime.tiny_vlm import write_llava
+    from hfcheck.runtime.tiny_vlm import write_llava
 
     folder = tmp_path / "tiny-llava"
     write_llava(folder)
@@ -675,7 +675,7 @@ def test_serve_qwen2_5_vl_behind_its_published_processor_files(tmp_path, capsys)
     and the greedy tokens equal transformers' for the image prompt and the text prompt."""
     import subprocess
 
-    from hfcheck.porter.runtime.environment import cpu_vllm, install_hfcheck
+    from hfcheck.runtime.environment import cpu_vllm, install_hfcheck
 
     published = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vlm" / "qwen2.5-vl-3b-instruct"
     if not published.is_dir():
@@ -683,7 +683,7 @@ def test_serve_qwen2_5_vl_behind_its_published_processor_files(tmp_path, capsys)
     runtime = cpu_vllm()
     assert install_hfcheck(runtime)
     folder = tmp_path / "qwen2_5_vl"
-    build = subprocess.run([str(runtime.python), "-c", "import sys; from pathlib import Path; from hfcheck.porter.runtime.vlm_folders import "
+    build = subprocess.run([str(runtime.python), "-c", "import sys; from pathlib import Path; from hfcheck.runtime.vlm_folders import "
                             "write_from_published; print(write_from_published(Path(sys.argv[1]), Path(sys.argv[2])))", str(published), str(folder)],
                            capture_output=True, text=True, cwd="/", check=False)
     assert build.returncode == 0, build.stderr[-2000:]

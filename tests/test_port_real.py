@@ -214,8 +214,8 @@ def test_missing_auto_map_file_is_one_line_exit_2(tmp_path, capsys):
 def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monkeypatch):
     """A declared transformers release that does not exist, or an import no registry has: pip
     is asked (offline here: no index), fails, and the port says so in one line."""
+    from hfcheck.environments import env_root
     from hfcheck.porter.cli import main
-    from hfcheck.porter.reference.environments import env_root
 
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: only wheels already on this machine
     src = _copy(REAL / "internlm-20b", tmp_path / "model")

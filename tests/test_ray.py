@@ -191,7 +191,7 @@ def test_ray_address_that_answers_nothing_is_one_line(tmp_path):
 # ----------------------------------------------------------- the runtime cross-check's batches
 
 FAKE_BATCH = """#!{python}
-# Stands for `python -m hfcheck.porter.runtime.batch JOB`: a row per model type, the type it is
+# Stands for `python -m hfcheck.runtime.batch JOB`: a row per model type, the type it is
 # on in the progress file first; "crash" ends the process the way a fatal vLLM error would.
 import json, os, sys
 job = json.load(open(sys.argv[-1]))
@@ -246,7 +246,7 @@ def test_dashboard_watches_a_cluster_sweep(ray_cluster, tmp_path, monkeypatch):
     pytest.importorskip("textual", reason="the [tui] extra (textual) is not installed")
     import asyncio
 
-    from hfcheck.analyzer.sweep.targets import parse_refs
+    from hfcheck.analyzer.sources.model_types import parse_refs
     from hfcheck.tui.app import Dashboard
 
     monkeypatch.setenv("HFCHECK_CACHE_DIR", str(tmp_path / "cache"))

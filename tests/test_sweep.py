@@ -22,10 +22,7 @@ from jsonschema import validate
 from leftovers import children, no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
 from hfcheck.analyzer.report import schema
-from hfcheck.analyzer.sweep.atlas import render_atlas
-from hfcheck.analyzer.sweep.cache import ResultCache
-from hfcheck.analyzer.sweep.run import SweepResult, instance_ok, sweep
-from hfcheck.analyzer.sweep.targets import (
+from hfcheck.analyzer.sources.model_types import (
     Target,
     TargetError,
     atlas_types,
@@ -34,6 +31,9 @@ from hfcheck.analyzer.sweep.targets import (
     parse_refs,
     read_ref_file,
 )
+from hfcheck.analyzer.sweep.atlas import render_atlas
+from hfcheck.analyzer.sweep.cache import ResultCache
+from hfcheck.analyzer.sweep.run import SweepResult, instance_ok, sweep
 
 BUNDLED_QWEN = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled" / "Qwen__Qwen3-0.6B"
 
@@ -366,8 +366,8 @@ def test_atlas_column_of_what_vllm_ran(tmp_path, scan_type):
 def test_atlas_sections_for_vision_language_and_pooling_types(tmp_path, scan_type):
     """Types of the image-text-to-text and pooling sections get their own section, counts and table
     (with what vLLM ran for them, from their own runtime rows); the summary stays the causal-LM one."""
+    from hfcheck.analyzer.sources.model_types import parse_refs
     from hfcheck.analyzer.sweep.atlas import write_atlas
-    from hfcheck.analyzer.sweep.targets import parse_refs
 
     (pooling,) = parse_refs(["pooling:bert"])
     assert (pooling.key, pooling.model_type, pooling.section) == ("pooling:bert", "bert", "pooling")

@@ -33,7 +33,7 @@ pytest.importorskip("textual", reason="the [tui] extra (textual) is not installe
 from conftest import write_model
 from rich.console import Console
 
-from hfcheck.analyzer.sweep.targets import Target, parse_refs
+from hfcheck.analyzer.sources.model_types import Target, parse_refs
 from hfcheck.tui import rows as R
 
 BUNDLED_REFS = ["Qwen/Qwen3-4B", "Qwen/Qwen3-Next-80B-A3B-Instruct", "openai/gpt-oss-20b"]

@@ -25,7 +25,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, ProgressBar, Static
 
-from hfcheck.analyzer.sweep.targets import Target
+from hfcheck.analyzer.sources.model_types import Target
 from hfcheck.tui import rows as R
 from hfcheck.tui.detail import render_detail
 from hfcheck.tui.scanner import Cancelled, Event, Finished, Idle, Scanner, Started

@@ -71,14 +71,14 @@ def author_refs(author: str, limit: int | None, defaults=None) -> list[str]:
 
 def targets_from(args: argparse.Namespace):
     """(targets, scope label); TargetError (one line) when there is nothing to show or a source fails."""
-    from hfcheck.analyzer.sweep.cli import hub_defaults
-    from hfcheck.analyzer.sweep.hub import expand
-    from hfcheck.analyzer.sweep.targets import (
+    from hfcheck.analyzer.sources.model_types import (
         TargetError,
         atlas_types,
         parse_refs,
         read_ref_file,
     )
+    from hfcheck.analyzer.sweep.cli import hub_defaults
+    from hfcheck.analyzer.sweep.hub import expand
 
     entries = list(args.refs)
     for path in args.from_file:
@@ -109,8 +109,8 @@ def targets_from(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from hfcheck.analyzer.sources.model_types import TargetError
     from hfcheck.analyzer.sweep.cli import pool_args_problem, ray_address
-    from hfcheck.analyzer.sweep.targets import TargetError
 
     if problem := pool_args_problem(args):
         return _fail(problem)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfcheck.analyzer.report.cells import fusions_cell, largest_tp, moe_summary, pp_cell
-from hfcheck.analyzer.sweep.targets import Target
+from hfcheck.analyzer.sources.model_types import Target
 from hfcheck.analyzer.verdict import VERDICT_STYLE as VERDICT_STYLES
 from hfcheck.analyzer.verdict import VERDICTS
 

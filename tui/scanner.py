@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfcheck.analyzer.isolation.process import kill_group
-from hfcheck.analyzer.sweep.targets import Target
+from hfcheck.analyzer.sources.model_types import Target
 from hfcheck.analyzer.sweep.worker import PoolError, Stopped, WorkerPool
+from hfcheck.isolation.process import kill_group
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ def renderable_svg(svg: str) -> str:
 
 
 async def shoot(refs: list[str], select: str | None, size: tuple[int, int], timeout: float, scroll: int) -> str:
-    from hfcheck.analyzer.sweep.targets import parse_refs
+    from hfcheck.analyzer.sources.model_types import parse_refs
     from hfcheck.tui.app import Dashboard
 
     app = Dashboard(parse_refs(refs), jobs=2, timeout=120)

@@ -21,7 +21,7 @@ from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
-from hfcheck.analyzer.isolation.process import die_with_parent, end_processes
+from hfcheck.isolation.process import die_with_parent, end_processes
 
 
 class LaunchError(RuntimeError):

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation import private_root, run_child
-from hfcheck.analyzer.isolation.fence import install as install_fence
+from hfcheck.isolation import private_root, run_child
+from hfcheck.isolation.fence import install as install_fence
 
 DEFAULT_TIMEOUT_S = 120.0
 MAX_RESULT_BYTES = 64 * 1024 * 1024

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.analyzer.report.cells import fusions_cell, moe_detail, native_cell, pp_cell, tp_cell
+from hfcheck.analyzer.sources.model_types import CAUSAL, POOLING, VLM
 from hfcheck.analyzer.sweep.run import (
     FAILED,
     SweepResult,
@@ -20,7 +21,6 @@ from hfcheck.analyzer.sweep.run import (
     instance_error,
     instance_ok,
 )
-from hfcheck.analyzer.sweep.targets import CAUSAL, POOLING, VLM
 from hfcheck.analyzer.verdict import SUMMARY_ORDER
 
 VERDICTS = SUMMARY_ORDER
@@ -67,7 +67,7 @@ def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str
     """The headline of the runtime cross-check over the atlas's model types."""
     if runtime is None:
         return []
-    from hfcheck.porter.runtime.decisions import agreement
+    from hfcheck.runtime.decisions import agreement
 
     version, by_type = runtime
     rows = [by_type[k] for k in keys if k in by_type]
@@ -169,7 +169,7 @@ def _table(rows: list, runtime: tuple[str, dict[str, dict]] | None) -> list[str]
     out: list[str] = []
     ran = runtime[1] if runtime else None
     if ran is not None:
-        from hfcheck.porter.runtime.decisions import runtime_cell
+        from hfcheck.runtime.decisions import runtime_cell
     head = "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |"
     rule = "|---|---|---|---:|---|---|---|---|---|---|"
     if ran is not None:
@@ -216,7 +216,7 @@ def _section(result: SweepResult, section: str, runtime: tuple[str, dict[str, di
     out = [f"## {title}", "", f"{len(rows)} targets: {scope}.", "",
            ", ".join(f"{name} {n}" for name, n in counts.items()) + f"; tiny instance built and graph walked: {built} of {len(rows)}.", ""]
     if runtime is not None:
-        from hfcheck.porter.runtime.decisions import agreement
+        from hfcheck.runtime.decisions import agreement
 
         ran = [runtime[1][t.key] for t, _ in rows if t.key in runtime[1]]
         if ran:
@@ -232,7 +232,7 @@ def write_atlas(result: SweepResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    from hfcheck.porter.runtime.decisions import latest_rows
+    from hfcheck.runtime.decisions import latest_rows
 
     sections = {section: rows for section, kind in ((VLM, "vlm"), (POOLING, "pooling")) if (rows := latest_rows(path.parent, kind))}
     tmp.write_text(render_atlas(result, runtime=latest_rows(path.parent), sections_runtime=sections), encoding="utf-8")

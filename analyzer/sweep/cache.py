@@ -212,8 +212,8 @@ INDEX_FORMAT = 2  # 2: types are [key, model type, atlas section]
 @lru_cache(maxsize=1)
 def environment_key() -> str:
     """What decides a model type's default config and the key of its result: the transformers
-    install (version, where, when written), hfcheck (version, analyzer source, and the sweep's
-    own targets and cache code), the installed vLLM, the vLLM release modelled and the result cache's format. Computed
+    install (version, where, when written), hfcheck (version, analyzer source, which holds the
+    model types' default configs in sources/model_types.py, and the sweep's cache code), the installed vLLM, the vLLM release modelled and the result cache's format. Computed
     without importing transformers or torch."""
     version, origin = transformers_install()
     try:
@@ -221,7 +221,7 @@ def environment_key() -> str:
     except OSError:
         written = None
     here = Path(__file__).resolve().parent
-    sweep_code = hashlib.sha256(b"".join((here / name).read_bytes() for name in ("targets.py", "cache.py"))).hexdigest()
+    sweep_code = hashlib.sha256((here / "cache.py").read_bytes()).hexdigest()
     v = versions()
     return _digest([INDEX_FORMAT, CACHE_FORMAT, version, origin, written, v["hfcheck"], v["vllm"], v["vllm_modelled"], analyzer_code_hash(),
                     sweep_code, sys.version_info[:2]])

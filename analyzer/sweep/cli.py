@@ -134,7 +134,7 @@ def pool_args_problem(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.sweep.targets import TargetError, parse_refs, read_ref_file
+    from hfcheck.analyzer.sources.model_types import TargetError, parse_refs, read_ref_file
 
     if problem := pool_args_problem(args):
         return _fail(problem)

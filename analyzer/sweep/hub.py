@@ -24,7 +24,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field, replace
 
-from hfcheck.analyzer.sweep.targets import TargetError
+from hfcheck.analyzer.sources.model_types import TargetError
 
 HUB_PREFIX = "hub:"
 SORTS = ("downloads", "likes", "trending_score", "created_at", "last_modified")

@@ -22,6 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfcheck.analyzer.sources.model_types import (
+    DefaultConfigError,
+    Target,
+    TargetError,
+    atlas_types,
+    prepare,
+)
 from hfcheck.analyzer.sweep.cache import (
     ResultCache,
     TypeIndex,
@@ -29,13 +36,6 @@ from hfcheck.analyzer.sweep.cache import (
     content_key,
     key_parts,
     result_key,
-)
-from hfcheck.analyzer.sweep.targets import (
-    DefaultConfigError,
-    Target,
-    TargetError,
-    atlas_types,
-    prepare,
 )
 from hfcheck.analyzer.sweep.worker import Result, Stopped, WorkerPool, instance_ok
 

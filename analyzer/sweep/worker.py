@@ -38,7 +38,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation.process import end_processes, wait_all
+from hfcheck.isolation.process import end_processes, wait_all
 
 HANG_ENV = "HFCHECK_TEST_HANG"
 CRASH_ENV = "HFCHECK_TEST_CRASH"
@@ -83,7 +83,7 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C held back since the spawn (see _spawn)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    from hfcheck.analyzer.isolation.process import die_with_parent
+    from hfcheck.isolation.process import die_with_parent
 
     die_with_parent(parent_pid)  # a parent killed outright (SIGKILL, a crash) takes its workers with it
     # stdout/stderr (transformers' warnings, faulthandler's crash report) go to a log the
@@ -101,7 +101,7 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
     from hfcheck.analyzer.scan import scan
 
     try:  # warm up (lazy imports, first trace) so a task's time limit measures the task alone
-        from hfcheck.analyzer.sweep.targets import type_source
+        from hfcheck.analyzer.sources.model_types import type_source
 
         scan(type_source("llama"))
     except Exception:  # noqa: BLE001, S110 - a warm-up that fails only costs the first task some time
@@ -133,7 +133,7 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
 
 def _probe_transformers(result: Result, source) -> None:  # pragma: no cover - runs in the child
     """When hfcheck could not build or walk a default config, record whether plain transformers can."""
-    from hfcheck.analyzer.sweep.targets import plain_build_error
+    from hfcheck.analyzer.sources.model_types import plain_build_error
 
     if instance_ok(result):
         return

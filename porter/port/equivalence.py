@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation import child_env, private_root
-from hfcheck.analyzer.isolation.jobs import read_job, run_job, write_result
+from hfcheck.isolation import child_env, private_root
+from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.retarget.search import compare
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -111,7 +111,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
     import os
     import time
 
-    from hfcheck.analyzer.isolation.fence import install
+    from hfcheck.isolation.fence import install
 
     root = Path(sys.argv[-1]).resolve()
     fence = install(root, DEFAULT_TIMEOUT_S * 2)

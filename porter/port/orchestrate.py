@@ -143,7 +143,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     _check_out(out_dir, source, force)
 
     # ------------------------------------------------------------------ the original, where it was written
-    from hfcheck.porter.reference.environments import EnvError
+    from hfcheck.environments import EnvError
     from hfcheck.porter.reference.establish import ReferenceError, establish
 
     try:

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation import child_env, private_root
-from hfcheck.analyzer.isolation.jobs import read_job, run_job, write_result
+from hfcheck.isolation import child_env, private_root
+from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.reference.run import MEMORY_BUDGET_BYTES, run_reference
 from hfcheck.porter.reference.shrink import FIELDS, first
 from hfcheck.porter.retarget.search import compare
@@ -122,7 +122,7 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
 def child_main() -> None:  # pragma: no cover - runs in the child process (covered through prove_real_weights)
     import os
 
-    from hfcheck.analyzer.isolation.fence import install
+    from hfcheck.isolation.fence import install
 
     root = Path(sys.argv[-1]).resolve()
     fence = install(root, 1200)

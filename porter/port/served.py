@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.runtime.serve import tokenizer_needs_remote_code
+
 
 @dataclass
 class Served:
@@ -33,15 +35,6 @@ class Served:
         out = asdict(self)
         out.pop("report")
         return out
-
-
-def tokenizer_needs_remote_code(folder: Path) -> bool:
-    path = folder / "tokenizer_config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and bool(data.get("auto_map"))
 
 
 def how_served(folder: Path, *, trust_remote_code: bool = False) -> Served:

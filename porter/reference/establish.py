@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from hfcheck.porter.reference.environments import (
+from hfcheck.environments import (
     EnvError,
     EnvSpec,
     ReferenceEnv,
@@ -108,7 +108,7 @@ def candidate_releases(config: dict[str, Any], override: str | None) -> list[tup
         if release is None:
             raise ReferenceError(f"--reference-transformers {override!r} is not a transformers release (4.x or later)")
         return [(release, "named with --reference-transformers")]
-    from hfcheck.porter.reference.environments import own_transformers
+    from hfcheck.environments import own_transformers
 
     declared = config.get("transformers_version")
     release = release_of(declared) if isinstance(declared, str) else None
@@ -286,7 +286,7 @@ def is_shape_failure(run: ReferenceRun) -> bool:
 def _missing_uninstallable(run: ReferenceRun) -> str | None:
     import re
 
-    from hfcheck.porter.reference.environments import NOT_INSTALLABLE
+    from hfcheck.environments import NOT_INSTALLABLE
 
     m = re.search(r"No module named '([\w.]+)'", run.error or "")
     top = m.group(1).split(".")[0] if m else None

@@ -28,7 +28,7 @@ from common import common_model_types, err, time_limit  # noqa: E402
 from hfcheck.analyzer.analysis import analyse  # noqa: E402
 from hfcheck.analyzer.crosscheck import cross_check, installed_vllm_version, summary_line  # noqa: E402
 from hfcheck.analyzer.report import build_report  # noqa: E402
-from hfcheck.analyzer.sweep.targets import type_source  # noqa: E402
+from hfcheck.analyzer.sources.model_types import type_source  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()

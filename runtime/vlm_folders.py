@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hfcheck.porter.runtime.tiny_vlm import HEAD_DIM, IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
+from hfcheck.runtime.tiny_vlm import HEAD_DIM, IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
 
 MAX_PARAMETERS = 50_000_000
 """A small folder larger than this is not built (its defaults did not shrink)."""
@@ -209,7 +209,7 @@ def write_from_defaults(model_type: str, folder: Path, seed: int = 0) -> str:
     from transformers import AutoModelForImageTextToText
 
     from hfcheck.analyzer.facts.processor import image_placeholder
-    from hfcheck.analyzer.sweep.targets import VLM, default_config
+    from hfcheck.analyzer.sources.model_types import VLM, default_config
 
     processor_cls, subs = _processor_classes(model_type)
     tokenizer = word_tokenizer(_needed_tokens(processor_cls))

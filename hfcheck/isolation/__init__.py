@@ -2,7 +2,7 @@
 the child raises around itself before untrusted code runs. One implementation of each, shared
 by the remote-code sandbox, the port's reference run and the port's proof."""
 
-from hfcheck.analyzer.isolation.process import (
+from hfcheck.isolation.process import (
     ChildRun,
     child_env,
     die_with_parent,
