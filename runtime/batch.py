@@ -32,6 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hfcheck.isolation.jobs import read_job
+
 HEAD_DIM = 32
 MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
 TOKENS = 4
@@ -210,11 +212,12 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     return row
 
 
-def run_job(run: Callable[[str, Path], dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
-    """The job loop every runtime batch shares: for each name in the job (``sys.argv[1]``), say
-    which one runs (the parent reads it when the batch dies), run it, and append its row at once;
-    a name whose run raises gets an ``error`` row (``extra`` is added to every row)."""
-    job = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+def job_loop(run: Callable[[str, Path], dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
+    """The job loop every runtime batch shares: for each name in the job (``read_job`` of the
+    folder ``sys.argv[1]``), say which one runs (the parent reads it when the batch dies), run it,
+    and append its row at once; a name whose run raises gets an ``error`` row (``extra`` is added
+    to every row)."""
+    job = read_job(Path(sys.argv[1]))
     out = Path(job["out"])
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     with tempfile.TemporaryDirectory(prefix="hfcheck-runtime-") as tmp:
@@ -234,7 +237,7 @@ def run_job(run: Callable[[str, Path], dict[str, Any]], extra: dict[str, Any] | 
 
 
 def main() -> None:
-    run_job(run_one)
+    job_loop(run_one)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.runtime.batch import PROMPT, _first, attempt, build_folder, run_job, vllm_engine
+from hfcheck.runtime.batch import PROMPT, _first, attempt, build_folder, job_loop, vllm_engine
 from hfcheck.runtime.tiny_vlm import word_tokenizer
 
 COSINE = 0.9999
@@ -85,7 +85,7 @@ def run_case(key: str, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    run_job(run_case, {"section": "pooling"})
+    job_loop(run_case, {"section": "pooling"})
 
 
 if __name__ == "__main__":

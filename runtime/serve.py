@@ -22,11 +22,9 @@ output says that it is not vLLM. Either way:
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +35,10 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hfcheck.isolation import private_root
+from hfcheck.isolation.jobs import read_job, run_job, write_result
+from hfcheck.isolation.process import stop_group
 
 DEFAULT_PROMPT = "the"
 SERVED_NAME = "hfcheck-smoke"
@@ -158,43 +160,6 @@ def launcher_main() -> None:  # pragma: no cover - runs as the server process (c
 # ---------------------------------------------------------------------- process control
 
 
-def _stop(proc: subprocess.Popen, grace: float = 10.0) -> bool:
-    """SIGTERM the server's process group, SIGKILL after ``grace``; True when the group is gone."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _group_alive(proc.pid):
-        time.sleep(0.1)
-    if _group_alive(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and _group_alive(proc.pid):
-            time.sleep(0.1)
-    if proc.poll() is None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    return not _group_alive(proc.pid) and proc.poll() is not None
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - a reused id owned by someone else
-        return False
-    return True
-
-
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost: never through a proxy
 
 
@@ -271,7 +236,7 @@ def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: st
         result.error = result.error or f"the server did not answer: {exc}"
     finally:
         if proc is not None:
-            stopped = _stop(proc)
+            stopped = stop_group(proc)
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     return responses, text, stopped, proc.pid if proc is not None else None
 
@@ -493,49 +458,32 @@ def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remot
     """transformers' greedy ``generate`` in a separate process: on ``prompt_ids`` when given
     (no tokenizer needed), else on the tokenized ``prompt``; with ``image_png``, the chat
     requests of a multimodal folder (``serve_image.reference``)."""
-    root = Path(tempfile.mkdtemp(prefix="hfcheck-serve-ref-"))
-    try:
+    with private_root("hfcheck-serve-ref-") as root:
         if image_png is not None:
             (root / "image.png").write_bytes(image_png)
-        (root / "job.json").write_text(json.dumps({"model_dir": model_dir, "prompt": prompt, "max_tokens": max_tokens,
-                                                   "trust": trust_remote_code, "server_text": server_text, "prompt_ids": prompt_ids,
-                                                   "fallback_ids": fallback_ids, "image": image_png is not None}))
+        job = {"model_dir": model_dir, "prompt": prompt, "max_tokens": max_tokens, "trust": trust_remote_code, "server_text": server_text,
+               "prompt_ids": prompt_ids, "fallback_ids": fallback_ids, "image": image_png is not None}
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
-        proc = subprocess.Popen([python or sys.executable, "-c", "from hfcheck.runtime.serve import reference_main; reference_main()", str(root)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return {"error": f"no result within {timeout:g} s"}
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        try:
-            return json.loads((root / "result.json").read_text())
-        except (OSError, ValueError):
-            lines = (err or b"").decode("utf-8", "replace").strip().splitlines()
-            return {"error": lines[-1] if lines else f"exit status {proc.returncode}"}
-    finally:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
+        child, result = run_job([python or sys.executable, "-c", "from hfcheck.runtime.serve import reference_main; reference_main()", str(root)],
+                                root, job, timeout=timeout, env=env, cwd=Path.cwd())
+    if result is not None:
+        return result
+    if child.timed_out:
+        return {"error": f"no result within {timeout:g} s"}
+    lines = child.stderr_tail.strip().splitlines()
+    return {"error": lines[-1] if lines else f"exit status {child.returncode}"}
 
 
 def reference_main() -> None:  # pragma: no cover - runs in the child process (covered by the serve test)
     root = Path(sys.argv[-1])
-    job = json.loads((root / "job.json").read_text())
+    job = read_job(root)
     out: dict[str, Any] = {}
     try:
         if job.get("image"):
             from hfcheck.runtime.serve_image import reference
 
             out = reference(job["model_dir"], job["prompt"], (root / "image.png").read_bytes(), job["max_tokens"], job["trust"])
-            (root / "result.json").write_text(json.dumps(out))
+            write_result(root, out)
             return
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -568,7 +516,7 @@ def reference_main() -> None:  # pragma: no cover - runs in the child process (c
                    "prompt_ids": inputs["input_ids"][0].tolist()}
     except BaseException as exc:  # noqa: BLE001
         out = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"}
-    (root / "result.json").write_text(json.dumps(out))
+    write_result(root, out)
 
 
 def render_text(result: ServeResult, console=None) -> None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.runtime.batch import _first, attempt, context_length, generate_in_vllm, run_job
+from hfcheck.runtime.batch import _first, attempt, context_length, generate_in_vllm, job_loop
 from hfcheck.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
 from hfcheck.runtime.vlm_folders import write_from_defaults, write_from_published
 
@@ -119,7 +119,7 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    run_job(run_case, {"section": "image-text-to-text"})
+    job_loop(run_case, {"section": "image-text-to-text"})
 
 
 if __name__ == "__main__":

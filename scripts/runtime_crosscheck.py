@@ -68,14 +68,14 @@ def run_batch(chunk: list[str], python: Path, version: str, out: Path, per_model
     """One batch in an isolated child on this machine (the one isolated-process runner); the
     batch appends a row per model type to ``out``. Returns which types got none: ``missing``, the
     one it was running when it stopped (``stuck``) and why."""
-    from hfcheck.isolation import child_env, private_root, run_child
+    from hfcheck.isolation import child_env, private_root
+    from hfcheck.isolation.jobs import run_job
 
     with private_root("hfcheck-runtime-batch-") as root:
         job = {"model_types": chunk, "out": str(out), "progress": str(root / "progress"), "vllm_version": version}
-        (root / "job.json").write_text(json.dumps(job))
         env = child_env(root, 2, {"VLLM_CPU_KVCACHE_SPACE": "1", "HFCHECK_ENV_DIR": str(root / "envs")})
-        child = run_child([str(python), "-m", module, str(root / "job.json")], root,
-                          timeout=per_model_s * len(chunk) + 60, env=env, cwd=root / "work")
+        child, _ = run_job([str(python), "-m", module, str(root)], root, job,  # the rows go to ``out``, no result.json
+                           timeout=per_model_s * len(chunk) + 60, env=env, cwd=root / "work")
         done = {json.loads(line)["model_type"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() else set()
         missing = [t for t in chunk if t not in done]
         stuck = ((root / "progress").read_text().strip() if (root / "progress").is_file() else "") or (missing[0] if missing else None)

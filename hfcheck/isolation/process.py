@@ -94,6 +94,46 @@ def kill_group(proc: subprocess.Popen | Any) -> None:
             proc.kill()
 
 
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> bool:
+    """End a long-running child that leads its own process group (a server started with
+    ``start_new_session``): SIGTERM the group so it can shut down cleanly, SIGKILL after ``grace``;
+    True when the group is gone. ``run_child``'s jobs are killed outright; a server is asked first."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and group_alive(proc.pid):
+        time.sleep(0.1)
+    if group_alive(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and group_alive(proc.pid):
+            time.sleep(0.1)
+    if proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    return not group_alive(proc.pid) and proc.poll() is not None
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - a reused id owned by someone else
+        return False
+    return True
+
+
 def running(proc: subprocess.Popen | Any) -> bool:
     """Whether ``proc`` (a ``subprocess.Popen`` or a ``multiprocessing.Process``) has not ended."""
     if isinstance(proc, subprocess.Popen):
