@@ -126,10 +126,10 @@ async def wait_for(pilot, predicate, timeout: float, what: str) -> None:
 
 
 async def settle(pilot) -> None:
-    """Let the debounced table refresh run (50 ms after the last change, later on a loaded machine)."""
+    """Let the batched table refresh run (every FLUSH_S while rows changed, later on a loaded machine)."""
     await pilot.pause(0.1)
     deadline = time.monotonic() + 10
-    while pilot.app._refresh_pending and time.monotonic() < deadline:
+    while pilot.app.refresh_pending and time.monotonic() < deadline:
         await pilot.pause(0.05)
     await pilot.pause(0.05)
 

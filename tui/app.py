@@ -22,7 +22,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
+from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, ProgressBar, Static
 
 from hfcheck.analyzer.sources.model_types import Target
@@ -66,6 +68,16 @@ class Dashboard(App[int]):
         Binding("q", "quit", "Quit"),
         Binding("escape", "focus_table", "Table", show=False),
     ]
+    FLUSH_S = 0.05
+    """Scan events arrive in bursts (a cached sweep finishes hundreds of rows at once): the rows
+    they touch are redrawn together at most this often."""
+
+    # The view's state. Setting one redraws what depends on it (its ``watch_``); ``init=False``:
+    # nothing is drawn before the widgets exist.
+    verdict_filter: reactive[str | None] = reactive(None, init=False)
+    sort_column: reactive[str] = reactive("order", init=False)
+    sort_reverse: reactive[bool] = reactive(False, init=False)
+    selected: reactive[str | None] = reactive(None, init=False)
 
     def __init__(
         self,
@@ -83,14 +95,10 @@ class Dashboard(App[int]):
         self.scanner = Scanner(self._post_scan_event, jobs=jobs, timeout=timeout, use_cache=use_cache, ray=ray)
         self.output_dir = Path(output_dir)
         self.scope = scope
-        self.verdict_filter: str | None = None
-        self.sort_column = "order"
-        self.sort_reverse = False
-        self.selected: str | None = None
         self._shown: list[str] = []
         self._widths: dict[str, int] = {}
         self._dirty: set[str] = set()
-        self._refresh_pending = False
+        self._flush_timer: Timer | None = None
         self._log_levels: dict[str, int] = {}
         self.sub_title = f"{len(self.entries)} models" + (f" · {scope}" if scope else "")
 
@@ -117,6 +125,7 @@ class Dashboard(App[int]):
             self._log_levels[name] = logging.getLogger(name).level
             logging.getLogger(name).setLevel(logging.ERROR)
         table = self.query_one(DataTable)
+        self._flush_timer = self.set_interval(self.FLUSH_S, self._flush_changes, pause=True)
         self._update_labels()
         self._rebuild_table()
         table.focus()
@@ -157,13 +166,20 @@ class Dashboard(App[int]):
 
     def _changed(self, *keys: str) -> None:
         self._dirty.update(keys)
-        if not self._refresh_pending:
-            self._refresh_pending = True
-            self.set_timer(0.05, self._flush_changes)
+        if self._flush_timer is not None:
+            self._flush_timer.resume()
+
+    @property
+    def refresh_pending(self) -> bool:
+        """Rows changed since the table was last redrawn."""
+        return bool(self._dirty)
 
     def _flush_changes(self) -> None:
-        self._refresh_pending = False
+        if self._flush_timer is not None:
+            self._flush_timer.pause()
         dirty, self._dirty = self._dirty, set()
+        if not dirty:
+            return
 
         def flush() -> None:
             self._refresh_table(dirty)
@@ -261,9 +277,8 @@ class Dashboard(App[int]):
             table.move_cursor(row=shown.index(keep), animate=False)
         elif shown:
             table.move_cursor(row=0, animate=False)
-            self.selected = shown[0]
-        else:
-            self.selected = None
+        # the rows were redrawn: the detail is shown again below whether or not the selection moved
+        self.set_reactive(Dashboard.selected, keep if keep in shown else (shown[0] if shown else None))
         self._show_detail()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -271,10 +286,10 @@ class Dashboard(App[int]):
 
     @on(DataTable.RowHighlighted)
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        key = event.row_key.value if event.row_key is not None else None
-        if key != self.selected:
-            self.selected = key
-            self._show_detail()
+        self.selected = event.row_key.value if event.row_key is not None else None
+
+    def watch_selected(self) -> None:
+        self._show_detail()
 
     @on(DataTable.HeaderSelected)
     def _header_selected(self, event: DataTable.HeaderSelected) -> None:
@@ -282,8 +297,7 @@ class Dashboard(App[int]):
         if column == self.sort_column:
             self.sort_reverse = not self.sort_reverse
         else:
-            self.sort_column, self.sort_reverse = column, False
-        self._view_changed()
+            self.set_sort(column)
 
     def _show_detail(self) -> None:
         entry = self.entries.get(self.selected) if self.selected else None
@@ -333,6 +347,15 @@ class Dashboard(App[int]):
         self._refresh_table()
         self._update_status()
 
+    def watch_verdict_filter(self) -> None:
+        self._view_changed()
+
+    def watch_sort_column(self) -> None:
+        self._view_changed()
+
+    def watch_sort_reverse(self) -> None:
+        self._view_changed()
+
     @on(Input.Changed, "#filter")
     def _filter_changed(self) -> None:
         self._view_changed()
@@ -353,19 +376,21 @@ class Dashboard(App[int]):
 
     def set_verdict_filter(self, verdict: str | None) -> None:
         self.verdict_filter = verdict
-        self._view_changed()
 
     def action_cycle_sort(self) -> None:
         i = R.SORTS.index(self.sort_column)
         self.set_sort(R.SORTS[(i + 1) % len(R.SORTS)])
 
     def set_sort(self, column: str, reverse: bool = False) -> None:
-        self.sort_column, self.sort_reverse = column, reverse
+        """Both at once, the view redrawn once (a change of either alone goes through its watcher)."""
+        if (column, reverse) == (self.sort_column, self.sort_reverse):
+            return
+        self.set_reactive(Dashboard.sort_column, column)
+        self.set_reactive(Dashboard.sort_reverse, reverse)
         self._view_changed()
 
     def action_reverse_sort(self) -> None:
         self.sort_reverse = not self.sort_reverse
-        self._view_changed()
 
     def clear_filters(self) -> None:
         self.verdict_filter = None

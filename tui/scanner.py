@@ -28,7 +28,6 @@ from typing import Any
 
 from hfcheck.analyzer.sources.model_types import Target
 from hfcheck.analyzer.sweep.worker import PoolError, Stopped, WorkerPool
-from hfcheck.isolation.process import kill_group
 
 
 @dataclass(frozen=True)
@@ -57,42 +56,6 @@ class Idle:
 
 
 Event = Started | Finished | Cancelled | Idle
-
-
-_Stop = Stopped  # the batch was cancelled: unwind the pool loop (run_batch raises it too)
-
-
-class CancellablePool(WorkerPool):
-    """The sweep's ``WorkerPool`` that stops between two waits once ``cancelled()`` is true.
-
-    ``interrupt()`` (any thread) kills the workers, which wakes the loop at once.
-    """
-
-    def __init__(self, jobs: int, timeout: float) -> None:
-        super().__init__(jobs, timeout)
-        self.cancelled: Callable[[], bool] = lambda: False
-
-    def _check(self) -> None:
-        if self.cancelled():
-            raise _Stop
-
-    def _spawn(self):
-        self._check()
-        return super()._spawn()
-
-    def _wait_and_handle(self, on_result, pending) -> None:
-        self._check()
-        super()._wait_and_handle(on_result, pending)
-        self._check()
-
-    def interrupt(self) -> None:
-        for w in list(self.workers):
-            if w.process.pid is None:  # not started yet: _spawn's check stops it
-                continue
-            try:
-                kill_group(w.process)
-            except Exception:  # noqa: BLE001, S110 - already gone
-                pass
 
 
 @dataclass
@@ -139,7 +102,7 @@ class Scanner:
         self._lock = threading.Lock()
         self._generation = 0
         self._cancelled_below = 0  # batches with a generation under this are cancelled
-        self._pool: Any = None  # CancellablePool, or RayPool with ``ray``
+        self._pool: Any = None  # the sweep's WorkerPool, or RayPool with ``ray``
         self._thread: threading.Thread | None = None
         self._closed = False
         self.busy = False
@@ -233,7 +196,7 @@ class Scanner:
 
                     self._pool = RayPool(self.ray, self.jobs, self.timeout)
                 else:
-                    self._pool = CancellablePool(self.jobs or default_jobs(), self.timeout)
+                    self._pool = WorkerPool(self.jobs or default_jobs(), self.timeout)
             return self._pool
 
     def _run(self, batch: _Batch) -> None:
@@ -262,7 +225,7 @@ class Scanner:
         pool.cancelled = lambda: self._is_cancelled(batch)
         try:
             run_batch(batch.targets, pool, self._cache, on_progress=on_progress, force=batch.force, stop=lambda: self._is_cancelled(batch))
-        except _Stop:
+        except Stopped:  # the batch was cancelled: the pool loop unwound (run_batch raises it too)
             self._close_pool(kill=True)
         except PoolError as exc:
             self._close_pool(kill=True)

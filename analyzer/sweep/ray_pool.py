@@ -119,7 +119,7 @@ class RayPool:
     ``address``: a Ray address (``host:port``, ``ray://host:port``, ``auto``), or ``""`` for
     Ray's own default (``$RAY_ADDRESS``, else a running local instance, else a new one). Ray is
     connected to on the first task, so a sweep the cache answers never touches the cluster.
-    ``cancelled`` and ``interrupt()`` serve the dashboard, as ``tui.scanner.CancellablePool``'s do.
+    ``cancelled`` and ``interrupt()`` serve the dashboard, as ``WorkerPool``'s do.
     """
 
     def __init__(self, address: str, jobs: int | None, timeout: float, start_timeout: float = 300.0) -> None:

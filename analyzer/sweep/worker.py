@@ -38,7 +38,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from hfcheck.isolation.process import end_processes, wait_all
+from hfcheck.isolation.process import end_processes, kill_group, wait_all
 
 HANG_ENV = "HFCHECK_TEST_HANG"
 CRASH_ENV = "HFCHECK_TEST_CRASH"
@@ -190,7 +190,12 @@ def _crash_detail(log: Path) -> str:
 
 
 class WorkerPool:
-    """``run(tasks, on_result)``: at most ``jobs`` workers, ``timeout`` seconds per task."""
+    """``run(tasks, on_result)``: at most ``jobs`` workers, ``timeout`` seconds per task.
+
+    ``cancelled`` (a callable, false by default) is asked before a worker starts and around each
+    wait; once true, ``run`` raises ``Stopped``. ``interrupt()`` (any thread) kills the workers,
+    which wakes the wait at once. The dashboard cancels a batch that way; ``RayPool`` has both too.
+    """
 
     def __init__(self, jobs: int, timeout: float, start_timeout: float = 300.0, context: str = "spawn") -> None:
         self.jobs = max(1, int(jobs))
@@ -202,9 +207,25 @@ class WorkerPool:
         self._spawned = 0
         self._start_failures = 0
         self.started_workers = 0
+        self.cancelled: Callable[[], bool] = lambda: False
+
+    def _check_cancelled(self) -> None:
+        if self.cancelled():
+            raise Stopped
+
+    def interrupt(self) -> None:
+        """Kill every started worker (the pool loop then sees them end and checks ``cancelled``)."""
+        for w in list(self.workers):
+            if w.process.pid is None:  # not started yet: the check before a start stops it
+                continue
+            try:
+                kill_group(w.process)
+            except Exception:  # noqa: BLE001, S110 - already gone
+                pass
 
     # -- lifecycle
     def _spawn(self) -> _Worker:
+        self._check_cancelled()
         parent, child = self.ctx.Pipe(duplex=True)
         self._spawned += 1
         log = self.logdir / f"worker-{self._spawned}.log"
@@ -317,7 +338,9 @@ class WorkerPool:
                 return
             if not any(w.state == "busy" for w in self.workers) and not pending and exhausted:
                 return
+            self._check_cancelled()
             self._wait_and_handle(on_result, pending)
+            self._check_cancelled()
 
     def _wait_and_handle(self, on_result, pending: deque) -> None:
         now = time.monotonic()
