@@ -1,21 +1,61 @@
-"""What every codemod shares: parse/save one file of the port, and add ``self.x = ...`` to the
-``__init__`` that owns a class's attributes."""
+"""What every codemod shares: LibCST's ``Codemod`` as the base, parse/save one file of the
+port, and add ``self.x = ...`` to the ``__init__`` that owns a class's attributes.
+
+A port rewrites several files at once (the modeling file, its configuration, helpers it
+imports), and what a codemod may change depends on all of them (which class is the decoder
+layer, what the config calls its fields). So each codemod's work is ``apply(state)`` on the
+whole ``PortState``. As a LibCST ``Codemod`` it also transforms one module by itself
+(``transform_module``, what LibCST's ``CodemodTest`` and ``python -m libcst.tool codemod`` drive):
+the module, with the other files and the config given to the constructor, becomes a
+``PortState``, and each refusal comes back as a LibCST warning.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import libcst as cst
+from libcst.codemod import Codemod as LibCSTCodemod
+from libcst.codemod import CodemodContext
 
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.state import PortState
 
 
-class Codemod:
+class Codemod(LibCSTCodemod):
+    """One fixable remote-code finding (``codes``): ``apply`` edits the port's files and records
+    a ``Change`` per edit and a ``Refusal`` for what it recognises but cannot rewrite safely."""
+
     name = "codemod"
     codes: tuple[str, ...] = ()
+    DEFAULT_FILE = "modeling.py"
+
+    def __init__(self, context: CodemodContext | None = None, *, config: dict[str, Any] | None = None,
+                 files: dict[str, str] | None = None, recorded: dict[str, Any] | None = None) -> None:
+        """``recorded``: what the original's own run showed, as ``PortState`` fields (``tied``,
+        ``observed``, ``built_classes``); without it the codemod works statically."""
+        super().__init__(context or CodemodContext())
+        self.config = dict(config or {})
+        self.other_files = dict(files or {})
+        self.recorded = dict(recorded or {})
 
     def apply(self, state: PortState) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        """LibCST's entry: this module (named by the context's filename) beside ``files``; the
+        port's changes and refusals land in ``context.scratch`` and refusals also as warnings."""
+        name = os.path.basename(self.context.filename or self.DEFAULT_FILE)
+        state = PortState({**self.other_files, name: tree.code}, dict(self.config), **self.recorded)
+        self.apply(state)
+        self.context.scratch.setdefault("changes", []).extend(state.changes)
+        self.context.scratch.setdefault("refusals", []).extend(state.refusals)
+        self.context.scratch["files"] = dict(state.files)
+        for refusal in state.refusals:
+            self.warn(f"{refusal.code} {refusal.where}: {refusal.reason}")
+        return cst.parse_module(state.files[name])
 
 
 def parse(state: PortState, file: str) -> cst.Module:
