@@ -89,7 +89,7 @@ def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
     from transformers import AutoModel, AutoModelForCausalLM
 
     from hfcheck.analyzer.facts import collect_facts
-    from hfcheck.analyzer.instance import shrunk_config
+    from hfcheck.analyzer.instance.shrink import shrunk_config
     from hfcheck.analyzer.sources.model_types import POOLING, default_config
 
     auto = AutoModel if section == POOLING else AutoModelForCausalLM

@@ -260,7 +260,7 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
 
     from hfcheck.analyzer.facts import collect_facts
     from hfcheck.analyzer.facts.config_fields import text_config_of
-    from hfcheck.analyzer.instance import shrunk_config
+    from hfcheck.analyzer.instance.shrink import shrunk_config
 
     facts, cfg = collect_facts(raw)
     config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.instance.shrink import FIELDS, first
 from hfcheck.isolation import child_env, private_root
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.reference.run import MEMORY_BUDGET_BYTES, run_reference
-from hfcheck.porter.reference.shrink import FIELDS, first
 from hfcheck.porter.retarget.search import compare
 
 TENSOR_BUDGET_BYTES = 1024**3  # float32 weights per process; the rest of the 2 GB is torch and activations

@@ -147,7 +147,7 @@ def _reference_md(result) -> list[str]:
 
 
 def _shrunk(cfg: dict[str, Any]) -> str:
-    from hfcheck.porter.reference.shrink import first, head_counts
+    from hfcheck.analyzer.instance.shrink import first, head_counts
 
     heads, kv = head_counts(cfg)
     return (f"{first(cfg, 'layers')} layers, hidden {first(cfg, 'hidden')}, {heads} heads ({kv} key/value), "

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
 from hfcheck.environments import (
     EnvError,
     EnvSpec,
@@ -25,7 +26,6 @@ from hfcheck.environments import (
     release_of,
 )
 from hfcheck.porter.reference.run import ReferenceRun, run_reference
-from hfcheck.porter.reference.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
 
 # Releases tried, newest first, when the declared one cannot import the code or none is declared.
 FALLBACK_RELEASES = ("4.51.3", "4.46.3", "4.42.4", "4.37.2", "4.33.3", "4.30.2", "4.28.1")
@@ -268,7 +268,7 @@ def searched_token(run: ReferenceRun, tiny: dict[str, Any], already: list[int]) 
 
 
 def _real_head_dim(config: dict[str, Any]) -> int | None:
-    from hfcheck.porter.reference.shrink import head_counts
+    from hfcheck.analyzer.instance.shrink import head_counts
 
     explicit = first(config, "head_dim")
     heads, _ = head_counts(config)

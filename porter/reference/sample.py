@@ -8,8 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, head_counts, shrink_config
 from hfcheck.porter.reference.establish import establish, is_shape_failure
-from hfcheck.porter.reference.shrink import MAX_TINY_HEADS, head_counts, shrink_config
 
 
 def write_sample(src: Path, dst: Path, *, head_dim: int = 32, layers: int = 2, dtype: str = "bfloat16", seed: int = 0) -> Path:

@@ -268,7 +268,7 @@ def serving_rank(hyp: Hypothesis) -> int:
 
 
 def _dims_from_run(run: ReferenceRun, tiny_config: dict[str, Any]) -> Dims:
-    from hfcheck.porter.reference.shrink import first, head_counts
+    from hfcheck.analyzer.instance.shrink import first, head_counts
 
     heads, kv = head_counts(tiny_config)
     hidden = first(tiny_config, "hidden") or 0
