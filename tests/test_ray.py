@@ -191,10 +191,11 @@ def test_ray_address_that_answers_nothing_is_one_line(tmp_path):
 # ----------------------------------------------------------- the runtime cross-check's batches
 
 FAKE_BATCH = """#!{python}
-# Stands for `python -m hfcheck.runtime.batch JOB`: a row per model type, the type it is
-# on in the progress file first; "crash" ends the process the way a fatal vLLM error would.
+# Stands for `python -m hfcheck.runtime.batch ROOT` (ROOT/job.json, as hfcheck.isolation.jobs writes
+# it): a row per model type, the type it is on in the progress file first; "crash" ends the process
+# the way a fatal vLLM error would.
 import json, os, sys
-job = json.load(open(sys.argv[-1]))
+job = json.load(open(os.path.join(sys.argv[-1], "job.json")))
 for model_type in job["model_types"]:
     open(job["progress"], "w").write(model_type)
     if model_type == "crash":
