@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.verdict import judge
 from hfcheck.command import EXIT_CLEAN, EXIT_FINDINGS
 
 STATUSES = ("pass", "fail", "warn", "info", "inconclusive")
@@ -118,7 +119,6 @@ def enforced(report: dict[str, Any], code: str) -> bool:
 
 def policy_score(checks: list[dict[str, Any]], proofs: Iterable[Any] = ()) -> int:
     """The score of the checks a policy keeps, with the report's proofs (``analyzer/verdict.py``)."""
-    from hfcheck.analyzer.verdict import judge
 
     return judge(checks, proofs)[1]
 

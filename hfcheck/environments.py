@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata as md
 import json
 import os
 import re
@@ -289,7 +290,6 @@ def own_transformers() -> str:
 def own_env(spec: EnvSpec) -> ReferenceEnv | None:
     """hfcheck's own environment, when it already is the release ``spec`` asks for and has the
     packages (a model written for the current transformers needs no second environment)."""
-    import importlib.metadata as md
 
     if spec.transformers != own_transformers():
         return None

@@ -32,7 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.facts import collect_facts
+from hfcheck.analyzer.vllm_release import installed_is_cpu_build
 from hfcheck.isolation.jobs import read_job
+from hfcheck.runtime.decisions import differences, load_error, parse, predicted
 
 HEAD_DIM = 32
 MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
@@ -88,7 +91,6 @@ def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from hfcheck.analyzer.facts import collect_facts
     from hfcheck.analyzer.instance.shrink import shrunk_config
     from hfcheck.analyzer.sources.model_types import POOLING, default_config
 
@@ -123,7 +125,6 @@ def attempt(row: dict[str, Any], log_path: Path, run: Callable[[], Any]) -> tupl
     """Run vLLM (``run()``, logging into ``log_path``) and record in ``row`` what happened: status
     ``loaded`` or ``refused`` with the error its log names, and the decisions it logged. Returns
     (what ``run`` returned or None, the parsed decisions)."""
-    from hfcheck.runtime.decisions import load_error, parse
 
     result = None
     try:
@@ -170,8 +171,6 @@ def run_one(model_type: str, work: Path) -> dict[str, Any]:
     import torch
 
     from hfcheck.analyzer.scan import scan
-    from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.runtime.decisions import differences, predicted
 
     row: dict[str, Any] = {"model_type": model_type}
     folder = work / model_type

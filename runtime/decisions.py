@@ -20,8 +20,10 @@ module class, which is how hfcheck reports fusions.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hfcheck.analyzer.verdict import LOADS
@@ -204,8 +206,6 @@ def rows_prefix(kind: str = "") -> str:
 def latest_rows(folder, kind: str = "") -> tuple[str, dict[str, dict[str, Any]]] | None:
     """(vLLM version, rows by model type) of the newest runtime cross-check of ``kind`` ("",
     "vlm" or "pooling") in ``folder``, if any."""
-    import json
-    from pathlib import Path
 
     prefix = rows_prefix(kind)
 

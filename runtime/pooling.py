@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.vllm_release import installed_is_cpu_build
 from hfcheck.runtime.batch import PROMPT, _first, attempt, build_folder, job_loop, vllm_engine
+from hfcheck.runtime.decisions import differences, predicted
 from hfcheck.runtime.tiny_vlm import word_tokenizer
 
 COSINE = 0.9999
@@ -45,8 +47,6 @@ def run_case(key: str, work: Path) -> dict[str, Any]:
 
     from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.sources.model_types import POOLING, POOLING_PREFIX
-    from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.runtime.decisions import differences, predicted
 
     model_type = key.removeprefix(POOLING_PREFIX)
     folder = work / model_type

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,9 +37,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.environments import EnvError
 from hfcheck.isolation import private_root
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.isolation.process import stop_group
+from hfcheck.runtime import serve_image
+from hfcheck.runtime.batch import context_length
+from hfcheck.runtime.decisions import differences, load_error, parse, predicted
+from hfcheck.runtime.environment import choose, install_hfcheck
+from hfcheck.runtime.serve_image import ImageError, image_png
 
 DEFAULT_PROMPT = "the"
 SERVED_NAME = "hfcheck-smoke"
@@ -99,8 +106,6 @@ def choose_runtime(requested: str = "auto", log=None):
     """(backend name, VllmRuntime or None, the one-line note)."""
     if requested == "transformers":
         return "transformers", None, "`transformers serve` was asked for: this is not vLLM"
-    from hfcheck.environments import EnvError
-    from hfcheck.runtime.environment import choose
 
     try:
         runtime = choose(log)
@@ -262,8 +267,6 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
         raise ServeError(f"{config_path}: not a JSON object")
     png = None
     if image is not None:
-        from hfcheck.runtime.serve_image import ImageError, image_png
-
         try:
             png = image_png(image)
         except ImageError as exc:
@@ -316,8 +319,6 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
 
 
 def _finish(result: ServeResult, work: Path, t_start: float) -> ServeResult:
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)
     result.seconds["total"] = round(time.monotonic() - t_start, 2)
     result.ok = result.error is None and result.tokens_match and result.server_stopped and (result.tp2 is None or bool(result.tp2.get("ok")))
@@ -334,9 +335,6 @@ def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
 
 def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
                 png: bytes | None = None, image: str | None = None) -> ServeResult:
-    from hfcheck.runtime import serve_image
-    from hfcheck.runtime.batch import context_length
-    from hfcheck.runtime.decisions import differences, load_error, parse, predicted
 
     tokenizer = has_tokenizer(model_dir)
     result = ServeResult(False, name, note, [], prompt, max_tokens, vllm_version=runtime.version)
@@ -348,7 +346,6 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
     if with_image:
         png = png or serve_image.image_png()
         result.image = image or f"a generated {serve_image.SIDE}x{serve_image.SIDE} PNG"
-        from hfcheck.runtime.environment import install_hfcheck
 
         # vLLM's own environment has the processor's torchvision and the transformers vLLM uses
         python = str(runtime.python) if runtime.kind == "cpu" and install_hfcheck(runtime, log) else sys.executable

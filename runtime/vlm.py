@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.vllm_release import installed_is_cpu_build
 from hfcheck.runtime.batch import _first, attempt, context_length, generate_in_vllm, job_loop
+from hfcheck.runtime.decisions import differences, predicted
 from hfcheck.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS
 from hfcheck.runtime.vlm_folders import write_from_defaults, write_from_published
 
@@ -64,8 +66,6 @@ def run_case(name: str, work: Path) -> dict[str, Any]:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from hfcheck.analyzer.scan import scan
-    from hfcheck.analyzer.vllm_release import installed_is_cpu_build
-    from hfcheck.runtime.decisions import differences, predicted
 
     folder = work / name.replace("+", "-")
     row: dict[str, Any] = {"model_type": name, "section": "image-text-to-text"}

@@ -10,9 +10,15 @@ do not is an error that says why, listed in the runtime report rather than left 
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import json
+import re
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.facts import collect_facts
+from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.runtime.tiny_vlm import HEAD_DIM, IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
 
 MAX_PARAMETERS = 50_000_000
@@ -69,8 +75,6 @@ def _processor_classes(model_type: str) -> tuple[type, dict[str, type]]:
 def _needed_tokens(processor_cls: type) -> dict[str, str]:
     """Special tokens the processor reads off its tokenizer (``tokenizer.boi_token``), with the
     processor's own default where its signature has one (``image_token="<image>"``)."""
-    import inspect
-    import re
 
     try:
         source = inspect.getsource(processor_cls)
@@ -86,9 +90,6 @@ def _needed_tokens(processor_cls: type) -> dict[str, str]:
 def _scale_mrope(text: Any) -> None:
     """M-RoPE's sections split the rotary half of a head: at the small head_dim they are scaled
     to sum to ``head_dim // 2`` (largest remainders first)."""
-    import importlib
-    import inspect
-    import re
 
     rope = getattr(text, "rope_parameters", None)
     if not isinstance(rope, dict):
@@ -123,7 +124,6 @@ def _grid_tokens(config: Any) -> int | None:
 def _processor_candidates(processor_cls: type, config: Any) -> list[dict[str, Any]]:
     """Keyword sets to try for the processor's size arguments, from the config (the folder's
     processor and model must agree on how many tokens an image takes; the forward decides)."""
-    import inspect
 
     params = set(inspect.signature(processor_cls.__init__).parameters)
     vision = _tower(config)
@@ -258,8 +258,6 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from hfcheck.analyzer.facts import collect_facts
-    from hfcheck.analyzer.facts.config_fields import text_config_of
     from hfcheck.analyzer.instance.shrink import shrunk_config
 
     facts, cfg = collect_facts(raw)
@@ -303,7 +301,6 @@ def write_from_published(src: Path, folder: Path, seed: int = 0) -> str:
     the published tokenizer adds (``<|vision_start|>``, ``<|image_pad|>``, ...), and the config's
     token ids are moved to those tokens' new ids; the model is the published config cut as
     ``_small_config`` cuts it. Returns the image placeholder vLLM writes."""
-    import json
 
     import torch
     from PIL import Image
@@ -333,7 +330,6 @@ def write_from_published(src: Path, folder: Path, seed: int = 0) -> str:
             body = (src / name).read_text(encoding="utf-8")
             template = json.loads(body)["chat_template"] if name.endswith(".json") else body
             break
-    import inspect
 
     accepted = set(inspect.signature(processor_cls.__init__).parameters) - {"self", "tokenizer", "chat_template", *parts}
     published = json.loads((src / "processor_config.json").read_text(encoding="utf-8")) if (src / "processor_config.json").is_file() else {}

@@ -147,3 +147,79 @@ def test_every_module_is_in_a_room_and_arrows_run_down():
     assert upward == []
     assert room_of("hfcheck.analyzer.sweep.atlas")[0] == "sweep and atlas"
     assert room_of("hfcheck.isolation.jobs")[0] == "shared"
+
+
+# Third-party packages that cost start-up time (or are optional): a function imports them
+# where they are used, so a command that does not need them never pays for them.
+LAZY_PACKAGES = frozenset({
+    "torch", "transformers", "vllm", "textual", "rich", "libcst", "networkx", "safetensors", "huggingface_hub", "numpy",
+    "ray", "accelerate", "tokenizers", "PIL", "jinja2", "yaml", "mlinter", "platformdirs", "torchvision", "sentencepiece",
+    "einops", "scipy", "filelock", "tqdm", "packaging", "requests", "openai", "fastapi", "uvicorn", "multiprocessing",
+})
+COMMAND_MODULES = ("hfcheck.cli", "hfcheck.porter.cli", "hfcheck.verify.cli", "hfcheck.tui.cli", "hfcheck.analyzer.sweep.cli")
+"""Each subcommand's code is imported when it runs: ``--help`` and every command start without the others'."""
+RUNS_WITHOUT_HFCHECK = ("hfcheck.porter.reference.child", "hfcheck.runtime.torchvision_ops_shim", "hfcheck.porter.reference.gpu_shims")
+"""Run in another environment (a 4.x transformers release, vLLM's), where hfcheck may be absent."""
+
+
+def _top_level(tree: ast.Module) -> set[int]:
+    return {id(sub) for node in tree.body for sub in (ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node])
+            if isinstance(sub, (ast.Import, ast.ImportFrom))}
+
+
+def _targets(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        base = _absolute(node, module)
+        return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+    return [a.name for a in node.names]
+
+
+def _lazy_closure() -> dict[str, frozenset[str]]:
+    """hfcheck module -> the lazy packages importing it loads (its top-level imports, transitively)."""
+    direct: dict[str, tuple[set[str], set[str]]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = _top_level(tree)
+        inner, outer = set(), set()
+        for node in _runtime_imports(tree):
+            if id(node) in top:
+                for target in _targets(node, module):
+                    known = _known(target)
+                    (inner.add(known) if known else outer.add(target.split(".")[0]))
+        direct[module] = (inner, outer & LAZY_PACKAGES)
+    closure = {}
+    for module in MODULES:
+        seen, stack, lazy = set(), [module], set()
+        while stack:
+            m = stack.pop()
+            if m in seen or m not in direct:
+                continue
+            seen.add(m)
+            lazy |= direct[m][1]
+            stack.extend(direct[m][0])
+            stack.append(m.rpartition(".")[0])
+        closure[module] = frozenset(lazy)
+    return closure
+
+
+def test_function_level_imports_buy_start_up_time():
+    """A function-level import is there for start-up time, never to hide an arrow: it imports a
+    lazy package, or an hfcheck module whose own imports load one, or it is a command module's
+    subcommand, or it is guarded (try: an optional package). Anything else belongs at the top."""
+    closure = _lazy_closure()
+    needless = []
+    for module, path in MODULES.items():
+        if module in RUNS_WITHOUT_HFCHECK or module in COMMAND_MODULES:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = _top_level(tree)
+        guarded = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.Try) for sub in ast.walk(node)}
+        for node in _runtime_imports(tree):
+            if id(node) in top or id(node) in guarded:
+                continue
+            for target in _targets(node, module):
+                known = _known(target)
+                if (known and closure[known]) or (not known and target.split(".")[0] in LAZY_PACKAGES):
+                    continue
+                needless.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
+    assert needless == []

@@ -17,6 +17,7 @@ from hfcheck.analyzer.report.cells import fusions_cell, largest_tp, moe_summary,
 from hfcheck.analyzer.sources.model_types import Target
 from hfcheck.analyzer.verdict import VERDICT_STYLE as VERDICT_STYLES
 from hfcheck.analyzer.verdict import VERDICTS
+from hfcheck.analyzer.vllm_release import modelled_version
 
 QUEUED, SCANNING, DONE, CANCELLED = "queued", "scanning", "done", "cancelled"
 ERROR = "error"  # the verdict cell of a model whose analysis failed
@@ -247,7 +248,6 @@ def _md(value: str) -> str:
 
 def markdown(entries: list[Entry], *, title: str = "hfcheck tui", scope: str = "") -> str:
     """A Markdown table of the view: the table's columns plus the serve command."""
-    from hfcheck.analyzer.vllm_release import modelled_version
 
     lines = [f"# {title}", "", f"vLLM {modelled_version()} transformers backend (`--model-impl transformers`), as predicted by hfcheck."]
     if scope:

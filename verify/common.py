@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -407,6 +408,5 @@ def single_thread() -> Iterator[None]:
 
 def generic(path: str) -> str:
     """``layers.3.mlp`` -> ``layers.*.mlp`` (the form of tp plans and of scan's report)."""
-    import re
 
     return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", path)

@@ -22,6 +22,7 @@ this module only swaps the modules and compares the numbers:
 
 from __future__ import annotations
 
+import copy
 import types
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.fusions.base import Match
 from hfcheck.analyzer.fusions.detect import BY_NAME, fused_forward
 from hfcheck.analyzer.graph.forward_source import RewriteRefused
@@ -221,8 +223,6 @@ def vllm_route(logits: torch.Tensor, top_k: int, scoring: str, renormalize: bool
 
 
 def apply_moe(block: nn.Module, site: Site, text: Any) -> None:
-    from hfcheck.analyzer import vocabulary as V
-
     experts = block.get_submodule("experts")
     hidden = text.hidden_size
     w13, w2 = L.expert_weights(experts, hidden)
@@ -294,8 +294,6 @@ def apply_all(model: nn.Module, sites: list[Site], text: Any) -> None:
 
 
 def _prove(subject: Subject, reference: tuple[torch.Tensor, torch.Tensor], sites: list[Site], claim: str) -> Proof:
-    import copy
-
     timer = Timer()
     try:
         model = copy.deepcopy(subject.model)

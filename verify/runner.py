@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hfcheck.analyzer.verdict import verdict_of
 from hfcheck.verify.common import Proof, Timer, generic
 
 DEFAULT_TP_SIZES = (2, 4)
@@ -32,7 +33,6 @@ def verify_analysis(analysis, *, tp_sizes: tuple[int, ...] = DEFAULT_TP_SIZES, p
 
     if blocked is None:
         from hfcheck.analyzer.report import run_rules
-        from hfcheck.analyzer.verdict import verdict_of
 
         blocked = verdict_of(run_rules(analysis)) == "blocked"
     with single_thread():

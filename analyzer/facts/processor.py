@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -236,7 +237,6 @@ def embed_token(processor: Any, replacement: str, model_config: dict[str, Any]) 
     (the smallest id on a tie, as ``torch.mode``) is the one its embeddings go to. Beside it the
     token the model fills with image features (config.json's ``image_token_id`` /
     ``image_token_index``), where the processor's tokenizer knows that id."""
-    from collections import Counter
 
     tokenizer = processor.tokenizer
     counts = Counter(tokenizer.encode(replacement, add_special_tokens=False))

@@ -21,6 +21,7 @@ from torch import fx, nn
 
 from hfcheck.analyzer.graph.nodes import find, is_op, output_value, peel, reaches
 from hfcheck.analyzer.graph.tracer import trace_module
+from hfcheck.analyzer.vllm_release import modelled_series
 
 EXPERTS_NAME = "experts"
 
@@ -217,7 +218,6 @@ def analyse_block(block: nn.Module, divides_shared_output: bool = False, series:
     ``routed_scaling_factor`` (fp16 overflow protection), so it keeps transformers routing
     (``FusionContext.divides_shared_output`` carries it, from ``divides_shared_output()``).
     ``series``: the vLLM release modelled (``vllm_release``; None: the one chosen)."""
-    from hfcheck.analyzer.vllm_release import modelled_series
 
     experts = block.get_submodule(EXPERTS_NAME)
     replaceable, why = experts_replaceable(experts)

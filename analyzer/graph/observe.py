@@ -13,6 +13,7 @@ attention; MoE blocks; the decoder's ModuleLists; and a networkx graph of module
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 from torch import fx, nn
 
+from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.fusions.attention import layer_index, scaling_problem, sinks_problem
 from hfcheck.analyzer.fusions.base import FusionContext, Match
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
@@ -138,7 +140,6 @@ def linear_forward_lost(linear: nn.Linear) -> str | None:
     (``isinstance``), for its own linear layer, which computes ``x @ W.T + b`` and nothing
     else: a subclass's own forward is dropped. Whether that forward is only a linear is decided
     by running it once on a copy with random weights (a probe of the instance's small size)."""
-    import copy
 
     import torch
 
@@ -168,7 +169,6 @@ def linear_forward_lost(linear: nn.Linear) -> str | None:
 
 def _vllm_expert_count(model: nn.Module) -> int | None:
     """The expert count vLLM reads from the instance's own (text) config."""
-    from hfcheck.analyzer.facts.config_fields import text_config_of
 
     config = getattr(model, "config", None)
     try:

@@ -13,6 +13,7 @@ Two shrinks (``shrink.py``: the cuts themselves), both from the real config obje
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,7 +205,6 @@ def checkpoint_names(facts: ModelFacts, cfg_obj: Any, cls: type | None, base: nn
     """Read the causal-LM class's parameter names against its base model, on the meta
     device at the structural layer cut; None where vLLM's causal-LM wrapper does not apply
     (no transformers class, a composite or non-causal class) or the class does not build."""
-    import re
 
     if base is None or cfg_obj is None or not generates(cls):
         return None

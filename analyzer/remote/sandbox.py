@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.facts import ModelFacts
 from hfcheck.isolation import private_root, run_child
 from hfcheck.isolation.fence import install as install_fence
 
@@ -146,7 +147,6 @@ def _read_result(path: Path) -> dict | str | None:
 
 
 def _result_from(payload: dict, seconds: float, tail: str) -> SandboxResult:
-    from hfcheck.analyzer.facts import ModelFacts
     from hfcheck.analyzer.graph.observe import Observations
 
     blocked = [str(b)[:300] for b in payload.get("blocked", [])[:100]] if isinstance(payload.get("blocked"), list) else []

@@ -2,7 +2,6 @@
 
 One ``::error`` / ``::warning`` / ``::notice`` line per problem (the same problems, locations
 and levels as the SARIF output: ``render.sarif.problems``), then one plain summary line:
-
     ::error file=my-model/modeling_x.py,line=42,title=HFC201 attention-interface::...
     hfcheck: my-model: BLOCKED, score 20/100; 1 error, 2 warnings, 0 notices
 
@@ -13,6 +12,9 @@ properties too), so a message never breaks the command.
 from __future__ import annotations
 
 from typing import Any
+
+from hfcheck.analyzer.crosscheck import summary_line
+from hfcheck.analyzer.render.sarif import problems
 
 COMMAND = {"error": "error", "warning": "warning", "note": "notice"}
 
@@ -27,7 +29,6 @@ def _escape_property(text: str) -> str:
 
 def render_github(report: dict[str, Any], model_dir: str | None = None) -> str:
     """The annotation lines (and a summary line), newline-terminated."""
-    from hfcheck.analyzer.render.sarif import problems
     from hfcheck.analyzer.rules.registry import BY_CODE
 
     lines = []
@@ -52,7 +53,6 @@ def render_github(report: dict[str, Any], model_dir: str | None = None) -> str:
     )
     cross = report.get("cross_check")
     if cross and cross.get("available"):  # "unavailable" is said once, on stderr, by the command
-        from hfcheck.analyzer.crosscheck import summary_line
 
         lines.append(summary_line(cross))
     return "\n".join(lines) + "\n"

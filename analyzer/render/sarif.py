@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.policy import enforced
+
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 CONFIG_FILE = "config.json"
@@ -76,7 +78,6 @@ def _line(value: Any) -> int:
 
 def problems(report: dict[str, Any], model_dir: str | None = None) -> list[Problem]:
     """The report's problems, located and levelled, in report order (checks, then code findings)."""
-    from hfcheck.analyzer.policy import enforced
 
     model_dir = default_model_dir(report) if model_dir is None else model_dir.strip("/")
     out: list[Problem] = []

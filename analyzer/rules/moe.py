@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.rules.base import Finding, Rule
 
 
@@ -120,7 +121,6 @@ class CPUBuildRouting(Rule):
     fix = "Serve it on a GPU; on CPU, nothing in the model can change this (it is a missing CPU kernel path)."
 
     def check(self, analysis) -> list[Finding]:
-        from hfcheck.analyzer.facts.config_fields import text_config_of
         from hfcheck.analyzer.fusions.moe import cpu_build_cannot_route
 
         obs = analysis.observations
@@ -149,7 +149,6 @@ class MoEConfigFields(Rule):
     fix = "Expose the top-k as `num_experts_per_tok` (an attribute or an attribute_map entry) and the experts' width as `moe_intermediate_size`."
 
     def check(self, analysis) -> list[Finding]:
-        from hfcheck.analyzer.facts.config_fields import text_config_of
         from hfcheck.analyzer.fusions.moe import moe_fields_missing
 
         if not analysis.facts.is_moe or analysis.config_object is None:

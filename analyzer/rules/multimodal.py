@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.facts.runner import backend_class
 from hfcheck.analyzer.rules.base import Finding, Rule
 
@@ -283,7 +284,6 @@ class MRoPEAudio(Rule):
         p, facts = _processor(analysis), analysis.facts
         if not facts.multimodal or analysis.config_object is None:
             return []
-        from hfcheck.analyzer.facts.config_fields import text_config_of
 
         if not uses_mrope(text_config_of(analysis.config_object)):
             return []

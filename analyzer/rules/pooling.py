@@ -8,6 +8,7 @@ these rules add what only the pooling classes do.
 
 from __future__ import annotations
 
+from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.facts.runner import backend_class
 from hfcheck.analyzer.rules.base import Finding, Rule
 from hfcheck.analyzer.tolerances import SAME_HIDDEN_STATES
@@ -90,7 +91,6 @@ class PoolingForwardAsCalled(Rule):
             return []
         import torch
 
-        from hfcheck.analyzer.facts.config_fields import text_config_of
         from hfcheck.analyzer.instance import InstanceError, build_tiny
 
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 
+from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.remote.ast_helpers import passes_source_test
 from hfcheck.analyzer.rules.base import Finding, Rule
 
@@ -141,8 +142,6 @@ class PerLayerAttributeReadGlobally(Rule):
     fix = "Keep `sliding_window` model-wide (a `layer_types` list can still mark full-attention layers), or wait for a vLLM that reads it per layer."
 
     def check(self, analysis) -> list[Finding]:
-        from hfcheck.analyzer.facts.config_fields import text_config_of
-
         if analysis.config_object is None:
             return []
         text = text_config_of(analysis.config_object)

@@ -22,6 +22,8 @@ from hfcheck.analyzer.sweep.run import (
     instance_ok,
 )
 from hfcheck.analyzer.verdict import SUMMARY_ORDER
+from hfcheck.analyzer.vllm_release import modelled_version
+from hfcheck.runtime.decisions import agreement, latest_rows, runtime_cell
 
 VERDICTS = SUMMARY_ORDER
 
@@ -67,8 +69,6 @@ def _runtime_section(runtime: tuple[str, dict[str, dict]] | None, keys: list[str
     """The headline of the runtime cross-check over the atlas's model types."""
     if runtime is None:
         return []
-    from hfcheck.runtime.decisions import agreement
-
     version, by_type = runtime
     rows = [by_type[k] for k in keys if k in by_type]
     if not rows:
@@ -97,9 +97,8 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
     ``sections_runtime``: the same per further section (VLM, pooling), rows keyed by target key.
 
     The summary, failures and main table cover the causal-LM types and the references; each
-    further section (``targets.SECTIONS``) follows with its own counts and table."""
+    further section (``model_types.SECTIONS``) follows with its own counts and table."""
     from hfcheck.analyzer.sweep.cache import versions
-    from hfcheck.analyzer.vllm_release import modelled_version
 
     v = versions()
     main = SweepResult([t for t in result.targets if t.section == CAUSAL or not t.is_type], result.results, interrupted=result.interrupted)
@@ -168,8 +167,6 @@ def _table(rows: list, runtime: tuple[str, dict[str, dict]] | None) -> list[str]
     """One row per target; with ``runtime`` rows (keyed by target key), a *vLLM ran* column."""
     out: list[str] = []
     ran = runtime[1] if runtime else None
-    if ran is not None:
-        from hfcheck.runtime.decisions import runtime_cell
     head = "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |"
     rule = "|---|---|---|---:|---|---|---|---|---|---|"
     if ran is not None:
@@ -216,8 +213,6 @@ def _section(result: SweepResult, section: str, runtime: tuple[str, dict[str, di
     out = [f"## {title}", "", f"{len(rows)} targets: {scope}.", "",
            ", ".join(f"{name} {n}" for name, n in counts.items()) + f"; tiny instance built and graph walked: {built} of {len(rows)}.", ""]
     if runtime is not None:
-        from hfcheck.runtime.decisions import agreement
-
         ran = [runtime[1][t.key] for t, _ in rows if t.key in runtime[1]]
         if ran:
             a = agreement(ran)
@@ -232,8 +227,6 @@ def write_atlas(result: SweepResult, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    from hfcheck.runtime.decisions import latest_rows
-
     sections = {section: rows for section, kind in ((VLM, "vlm"), (POOLING, "pooling")) if (rows := latest_rows(path.parent, kind))}
     tmp.write_text(render_atlas(result, runtime=latest_rows(path.parent), sections_runtime=sections), encoding="utf-8")
     tmp.replace(path)

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import os
 import sys
 import tempfile
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import hfcheck
+from hfcheck.analyzer.vllm_release import installed_vllm_version, modelled_version
 
 CACHE_FORMAT = 2  # bump when the shape of a stored result changes
 
@@ -57,7 +62,6 @@ def _digest(value: Any) -> str:
 @lru_cache(maxsize=1)
 def analyzer_code_hash() -> str:
     """sha256 over hfcheck's analyzer source and data (the sweep package itself excluded)."""
-    import hfcheck.analyzer
 
     root = Path(hfcheck.analyzer.__file__).resolve().parent
     h = hashlib.sha256()
@@ -77,8 +81,6 @@ def transformers_install() -> tuple[str, str | None]:
     load, read from its package metadata without importing it (importing it costs seconds, and
     torch with it). Only when the metadata is not that copy's (a source tree on ``sys.path``)
     is it imported to ask."""
-    import importlib.util
-    from importlib import metadata
 
     spec = importlib.util.find_spec("transformers")
     origin = spec.origin if spec is not None else None
@@ -96,9 +98,6 @@ def transformers_install() -> tuple[str, str | None]:
 
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str | None]:
-    import hfcheck
-    from hfcheck.analyzer.vllm_release import installed_vllm_version, modelled_version
-
     return {"transformers": transformers_install()[0], "hfcheck": hfcheck.__version__, "vllm": installed_vllm_version(),
             "vllm_modelled": modelled_version()}
 

@@ -23,6 +23,7 @@ forever, or calls ``os.abort()``, before analysing it.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import os
 import re
@@ -31,6 +32,7 @@ import signal
 import tempfile
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from hfcheck.isolation.process import end_processes, kill_group, wait_all
+from hfcheck.isolation.process import die_with_parent, end_processes, kill_group, wait_all
 
 HANG_ENV = "HFCHECK_TEST_HANG"
 CRASH_ENV = "HFCHECK_TEST_CRASH"
@@ -83,7 +85,6 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # drops a Ctrl-C held back since the spawn (see _spawn)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    from hfcheck.isolation.process import die_with_parent
 
     die_with_parent(parent_pid)  # a parent killed outright (SIGKILL, a crash) takes its workers with it
     # stdout/stderr (transformers' warnings, faulthandler's crash report) go to a log the
@@ -91,11 +92,9 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
     log = open(log_path, "w", buffering=1, encoding="utf-8", errors="replace")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    import faulthandler
 
     faulthandler.enable(file=log)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    import warnings
 
     warnings.simplefilter("ignore")
     from hfcheck.analyzer.scan import scan

@@ -19,7 +19,9 @@ attacker with native code (``ctypes``): run untrusted models in a container or V
 
 from __future__ import annotations
 
+import _socket
 import os
+import socket
 import sys
 
 NET_EVENTS = ("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
@@ -85,9 +87,6 @@ def _short(args: tuple) -> str:
 
 
 def block_sockets(fence: Fence) -> None:
-    import _socket
-    import socket
-
     def refused(*args, **kwargs):
         fence.refuse(f"network: socket{_short(args)}")
 

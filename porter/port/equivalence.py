@@ -14,11 +14,14 @@ stay under 1e-4 (float32) and the greedy token must agree at every position.
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from hfcheck.isolation import child_env, private_root
+from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.retarget.search import compare
 
@@ -108,10 +111,6 @@ def _generate_checks(original: dict[str, Any], ported: dict[str, Any]) -> list[d
 
 
 def child_main() -> None:  # pragma: no cover - runs in the child process (covered through prove_rewrite)
-    import os
-    import time
-
-    from hfcheck.isolation.fence import install
 
     root = Path(sys.argv[-1]).resolve()
     fence = install(root, DEFAULT_TIMEOUT_S * 2)

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 import json
@@ -32,8 +33,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.facts import collect_facts
+from hfcheck.analyzer.facts.errors import FactsError
+from hfcheck.analyzer.facts.native_fit import native_fit
+from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
 from hfcheck.command import EXIT_CLEAN as EXIT_OK
 from hfcheck.command import EXIT_FINDINGS as EXIT_REFUSED  # a refused port is a finding
+from hfcheck.environments import EnvError
+from hfcheck.porter.port.lint import lint_port
+from hfcheck.porter.port.render import render_markdown
+from hfcheck.porter.port.served import how_served
+from hfcheck.porter.retarget.anatomy import AnatomyError
 
 STATUS_RANK = {"fail": 4, "warn": 3, "inconclusive": 2, "info": 1, "pass": 0}
 WEIGHT_SUFFIXES = (".safetensors",)
@@ -87,8 +98,6 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
          proof_timeout: float = 300.0, shard_bytes: int | None = None, reference_transformers: str | None = None,
          path: str = "auto", log: Callable[[str], None] | None = None) -> PortResult:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.facts import collect_facts
-    from hfcheck.analyzer.facts.errors import FactsError
     from hfcheck.analyzer.remote import has_remote_code, static_findings
     from hfcheck.analyzer.sources import SourceError, resolve
 
@@ -141,9 +150,6 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         raise PortError("--out DIR is required to write the ported model")
     out_dir = Path(out).expanduser()
     _check_out(out_dir, source, force)
-
-    # ------------------------------------------------------------------ the original, where it was written
-    from hfcheck.environments import EnvError
     from hfcheck.porter.reference.establish import ReferenceError, establish
 
     try:
@@ -222,8 +228,6 @@ def reference_summary(reference) -> dict[str, Any]:
 
 
 def _unparsable(source) -> str | None:
-    import ast
-
     for name, text in source.code_files.items():
         if not name.endswith(".py"):
             continue
@@ -241,7 +245,6 @@ def position_bias(reference, source) -> dict[str, Any] | None:
     body ran (``build_alibi_bias``, ``_gen_alibi_mask``...), named at its executed call site
     (else at its definition). Code that only tests for ALiBi (``if alibi is None``) with it
     switched off does not count: its bias function never runs."""
-    import ast
 
     executed = reference.run.result.get("executed_lines") or {}
     found = []
@@ -283,8 +286,6 @@ def _port_by_retarget(result: PortResult, outcome, reference, source, out_dir: P
         full_native_config,
         write_native_folder,
     )
-    from hfcheck.porter.port.served import how_served
-    from hfcheck.porter.retarget.anatomy import AnatomyError
 
     t0 = time.perf_counter()
     hyp = outcome.found.hypothesis
@@ -422,8 +423,6 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
             why = result.proof.get("error") or "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
             result.message = f"rewritten in place, but the ported model does not reproduce the original ({why}); the output is kept for inspection"
     if rescan:
-        from hfcheck.porter.port.served import how_served
-
         t1 = time.perf_counter()
         result.rescan = _rescan(source, out_dir)
         served = how_served(out_dir, trust_remote_code=True)
@@ -451,8 +450,6 @@ def served_natively(facts, source) -> tuple[bool, str] | None:
     has no native class of that name). Judged with the remote config class's own attributes
     beside config.json's keys (``native_fit``): a registry name kept for another generation of
     the architecture (ChatGLM-6B v1 under ``ChatGLMModel``) is not served natively."""
-    from hfcheck.analyzer.facts.native_fit import native_fit
-    from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
     from hfcheck.analyzer.remote.index import CodeIndex
 
     archs = list(source.config.get("architectures") or [])
@@ -475,8 +472,6 @@ def served_natively(facts, source) -> tuple[bool, str] | None:
 
 
 def _model_refusal(facts, source, static_findings) -> str | None:
-    from hfcheck.analyzer import vocabulary as V
-
     bad: dict[str, list[int]] = {}
     for i, kind in enumerate(facts.layer_types):
         if kind not in V.SOFTMAX_LAYER_KINDS:
@@ -549,7 +544,6 @@ def _auto_map(auto_map: dict, roles, index=None) -> dict:
 def _attach_fixes(state, source) -> None:
     """Link each change to the original findings it answers (same code and file, and the class
     it names or, for import and Cache-call findings, the API it names)."""
-    import re
 
     from hfcheck.analyzer.remote import code_findings
 
@@ -631,9 +625,6 @@ def _diff(source, state, ported_config: dict | None) -> str:
 
 
 def _write_reports(result: PortResult, state, source, ported_config: dict | None, out_dir: Path) -> None:
-    from hfcheck.porter.port.lint import lint_port
-    from hfcheck.porter.port.render import render_markdown
-
     if ported_config is None and result.retarget:
         ported_config = result.retarget.get("native_config")
     result.lint = lint_port(source.code_files, dict(state.files) if state is not None else None).to_dict()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 
 from hfcheck.analyzer.instance.shrink import FIELDS, first
 from hfcheck.isolation import child_env, private_root
+from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.reference.run import MEMORY_BUDGET_BYTES, run_reference
 from hfcheck.porter.retarget.search import compare
@@ -120,9 +122,6 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
 
 
 def child_main() -> None:  # pragma: no cover - runs in the child process (covered through prove_real_weights)
-    import os
-
-    from hfcheck.isolation.fence import install
 
     root = Path(sys.argv[-1]).resolve()
     fence = install(root, 1200)

@@ -11,6 +11,8 @@ import datetime as _dt
 import json
 from typing import Any
 
+from hfcheck import __version__
+
 PATH_WORDS = {"retarget": "retarget to a native transformers class", "rewrite": "rewrite of the remote code in place",
               "refused": "refused", "none": "none"}
 
@@ -34,8 +36,6 @@ def head_word(result) -> str:
 
 
 def render_markdown(result) -> str:
-    from hfcheck import __version__
-
     try:
         import transformers
 

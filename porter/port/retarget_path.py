@@ -16,12 +16,15 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.porter.port.served import how_served_config
 from hfcheck.porter.reference.establish import Reference
+from hfcheck.porter.retarget.anatomy import AnatomyError, analyse, full_dims
 from hfcheck.porter.retarget.search import (
     Found,
     SearchResult,
@@ -65,8 +68,6 @@ class RetargetOutcome:
 
 
 def _served_refusal(found: Found) -> str | None:
-    from hfcheck.porter.port.served import how_served_config
-
     served = how_served_config(found.native_tiny_config)
     if served.served:
         return None
@@ -74,8 +75,6 @@ def _served_refusal(found: Found) -> str | None:
 
 
 def find_retarget(reference: Reference) -> RetargetOutcome:
-    from hfcheck.porter.retarget.anatomy import AnatomyError, analyse
-
     run = reference.run
     anatomy = None
     anatomy_error = None
@@ -92,8 +91,6 @@ def find_retarget(reference: Reference) -> RetargetOutcome:
 
 
 def full_native_config(outcome: RetargetOutcome, reference: Reference, config: dict[str, Any]) -> dict[str, Any]:
-    from hfcheck.porter.retarget.anatomy import full_dims
-
     found = outcome.found
     assert found is not None
     hyp = found.hypothesis
@@ -236,8 +233,6 @@ def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, native_
 
 
 def _layers_path(keys: list[str]) -> str:
-    import re
-
     counts: dict[str, int] = {}
     for key in keys:
         m = re.match(r"^(.*?)\.(\d+)\.", key)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,6 @@ def how_served(folder: Path, *, trust_remote_code: bool = False) -> Served:
 
 def how_served_config(config: dict[str, Any]) -> Served:
     """``how_served`` for a bare config (a retarget candidate at the shrunk size)."""
-    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="hfcheck-served-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(config), encoding="utf-8")

@@ -18,10 +18,12 @@ from typing import Any
 
 from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
 from hfcheck.environments import (
+    NOT_INSTALLABLE,
     EnvError,
     EnvSpec,
     ReferenceEnv,
     ensure_env,
+    own_transformers,
     pip_requirement,
     release_of,
 )
@@ -108,7 +110,6 @@ def candidate_releases(config: dict[str, Any], override: str | None) -> list[tup
         if release is None:
             raise ReferenceError(f"--reference-transformers {override!r} is not a transformers release (4.x or later)")
         return [(release, "named with --reference-transformers")]
-    from hfcheck.environments import own_transformers
 
     declared = config.get("transformers_version")
     release = release_of(declared) if isinstance(declared, str) else None
@@ -284,10 +285,6 @@ def is_shape_failure(run: ReferenceRun) -> bool:
 
 
 def _missing_uninstallable(run: ReferenceRun) -> str | None:
-    import re
-
-    from hfcheck.environments import NOT_INSTALLABLE
-
     m = re.search(r"No module named '([\w.]+)'", run.error or "")
     top = m.group(1).split(".")[0] if m else None
     return top if top in NOT_INSTALLABLE and top not in ("torch", "transformers") else None

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.environments import GPU_ONLY, ReferenceEnv
-from hfcheck.isolation import child_env, private_root
+from hfcheck.isolation import child_env, fence, private_root
 from hfcheck.isolation.jobs import run_job
 
 CHILD = Path(__file__).with_name("child.py")
@@ -85,7 +85,6 @@ def run_reference(env: ReferenceEnv, code_files: dict[str, str], auto_map: dict[
                   import_only: bool = False, threads: int = 1, timeout: float = DEFAULT_TIMEOUT_S, gpu_shims: bool = False,
                   checkpoint_moved: list[tuple[str, str]] | None = None) -> ReferenceRun:
     """Run the original (``code_files`` + ``config``) in ``env``; see ``child.py``."""
-    from hfcheck.isolation import fence
 
     key = model_key(auto_map)
     if key is None or not isinstance(auto_map.get("AutoConfig"), str):

@@ -15,6 +15,7 @@ never is (it ran in the reference environment).
 from __future__ import annotations
 
 import copy
+import json
 import re
 import tempfile
 import time
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
 from hfcheck.analyzer.tolerances import PORT_LOGITS
 from hfcheck.porter.reference.run import ReferenceRun
 from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
@@ -180,7 +182,6 @@ def load_planned(model, converted: dict[str, Any]) -> tuple[list[str], list[str]
 def load_same_names(native_cfg: dict[str, Any], state: dict[str, Any]):
     """Same names: save the original's tensors as a checkpoint and let the native class load
     it the way ``from_pretrained`` (and vLLM) does, renames and expert fusion included."""
-    import json
 
     import torch
     from safetensors.torch import save_file
@@ -262,7 +263,6 @@ def search(run: ReferenceRun, anatomy: Anatomy | None, tiny_config: dict[str, An
 def serving_rank(hyp: Hypothesis) -> int:
     """0 where vLLM serves the class natively, 1 where only its transformers backend does: a
     retarget takes the best-served class that reproduces the original."""
-    from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
 
     return 0 if vllm_has_native([hyp.architecture])[0] else 1
 

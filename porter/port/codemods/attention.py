@@ -434,8 +434,6 @@ class AttentionInterface(Codemod):
                 init_adds.append((attr, value, "end"))
         rows = "(its rows are [q | k | v]: matched column by column on the recorded run; no weight change)"
         if split.regroup is not None:
-            import re
-
             state.weight_rules.append({"kind": "regroup_rows", "pattern": rf"^(?:.*\.)?{re.escape(split.packed)}\.(?:weight|bias)$", **split.regroup})
             rows = (f"(its rows are grouped {'per head' if split.regroup['layout'] == 'head' else 'per key/value group'}, matched column by "
                     "column on the recorded run; the checkpoint's rows are reordered to [q | k | v])")

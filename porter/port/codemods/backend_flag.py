@@ -7,6 +7,8 @@ on the way (the old name is ignored by transformers 5).
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names
@@ -74,6 +76,4 @@ def _class_attr(s) -> str | None:
 
 
 def _src(node) -> str:
-    import ast
-
     return ast.unparse(node)

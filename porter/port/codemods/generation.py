@@ -9,6 +9,7 @@ base, as transformers' own classes do: ``class XForCausalLM(XPreTrainedModel, Ge
 
 from __future__ import annotations
 
+import ast
 import re
 
 import libcst as cst
@@ -66,8 +67,6 @@ class TupleCache(Codemod):
     codes = ("HFC811",)
 
     def apply(self, state) -> None:
-        import ast
-
         index = state.index()
         for file, text in list(state.files.items()):
             if "past_key_values[" not in text:

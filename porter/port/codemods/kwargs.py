@@ -8,6 +8,8 @@ layer's ``self.self_attn(...)`` and the attention's call of the bound interface 
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names
@@ -93,7 +95,6 @@ def _layer_call(list_attrs: set[str], forward_ast, sequential: frozenset[str] = 
     """Calls of the layers the base model loops over (``for layer in self.layers[...]: layer(...)``);
     in an ``nn.Sequential`` list a constant index (``self.layers[0](input_ids)``) is its
     embedding or head, which takes no layer kwargs."""
-    import ast
 
     loop_names: set[str] = set()
     for node in ast.walk(forward_ast):

@@ -11,6 +11,7 @@ becomes the readable ``.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
 
 from __future__ import annotations
 
+import ast
 import re
 
 import libcst as cst
@@ -134,8 +135,6 @@ class PackedQKV(Codemod):
 
 
 def _is_linear(value) -> bool:
-    import ast
-
     return isinstance(value, ast.Call) and (ast.unparse(value.func).endswith("Linear"))
 
 

@@ -12,6 +12,8 @@ the original's own run in its release (the reference records shared parameters),
 
 from __future__ import annotations
 
+import ast
+
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
 
@@ -46,8 +48,6 @@ class TiedWeights(Codemod):
         if existing is not None and existing[0] is not info:
             return  # declared on a base class the port does not own here
         if existing is not None:
-            import ast
-
             try:
                 current = ast.literal_eval(existing[1])
             except (ValueError, SyntaxError):
