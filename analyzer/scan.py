@@ -1,6 +1,7 @@
 """The one way to scan: a reference (Hub id[@revision], local folder) or a resolved source ->
-facts -> tiny instance -> graph -> rules -> report. The CLI, sweep, TUI, verify, port and
-serve all call ``scan``; the stages stay importable for tests and benchmarks that time them."""
+facts -> tiny instance -> graph -> rules -> report. ``hfcheck scan``, ``hfcheck verify``, the
+sweep (and so the TUI), port and its re-scans, serve and the runtime batches all call ``scan``; the
+stages stay importable for tests and benchmarks that time them."""
 
 from __future__ import annotations
 

@@ -116,14 +116,13 @@ def _scan(args: argparse.Namespace) -> int:
         source = resolve(args.ref)
     except SourceError as exc:
         return _fail(str(exc))
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.scan import scan
 
     try:
-        analysis = analyse(source, trust_remote_code=args.trust_remote_code)
-        report = build_report(analysis)
+        result = scan(source, trust_remote_code=args.trust_remote_code)
     except FactsError as exc:
         return _fail(f"{args.ref}: {exc}")
+    analysis, report = result.analysis, result.report
     if args.verify:
         from hfcheck.verify.cli import attach_proofs
 

@@ -5,7 +5,6 @@ top-level ``verify/`` folder, shipped as ``hfcheck.verify``.)
 
 - ``port``: libcst codemods for the remote-code findings, checkpoint conversion, the
   original-vs-ported logit proof and the re-scan (``hfcheck port SRC --out DIR``);
-- ``serve``: a real OpenAI-compatible server on a model folder, one greedy completion compared
-  with transformers' ``generate`` (``hfcheck serve DIR``);
-- ``cli``: the ``port`` and ``serve`` subcommands.
+- ``cli``: the ``port`` and ``serve`` subcommands (serving itself, on real vLLM, is
+  ``hfcheck.runtime.serve``).
 """

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.analyzer.facts import collect_facts
+from hfcheck.analyzer.shrink import shrunk_config
 from hfcheck.analyzer.vllm_release import installed_is_cpu_build
 from hfcheck.isolation.jobs import read_job
 from hfcheck.runtime.decisions import differences, load_error, parse, predicted
@@ -91,7 +92,6 @@ def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
-    from hfcheck.analyzer.instance.shrink import shrunk_config
     from hfcheck.analyzer.sources.model_types import POOLING, default_config
 
     auto = AutoModel if section == POOLING else AutoModelForCausalLM

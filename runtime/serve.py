@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.sources.processor_files import tokenizer_needs_remote_code
 from hfcheck.environments import EnvError
 from hfcheck.isolation import private_root
 from hfcheck.isolation.jobs import read_job, run_job, write_result
@@ -89,17 +90,6 @@ class ServeError(Exception):
 
 
 # ---------------------------------------------------------------------- backend choice
-
-
-def tokenizer_needs_remote_code(folder: Path) -> bool:
-    """A tokenizer_config.json with an ``auto_map`` is remote code: vLLM needs ``--trust-remote-code``
-    to load it even where the model itself is native."""
-    path = folder / "tokenizer_config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and bool(data.get("auto_map"))
 
 
 def choose_runtime(requested: str = "auto", log=None):
@@ -463,10 +453,10 @@ def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remot
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
         child, result = run_job([python or sys.executable, "-c", "from hfcheck.runtime.serve import reference_main; reference_main()", str(root)],
                                 root, job, timeout=timeout, env=env, cwd=Path.cwd())
-    if result is not None:
-        return result
     if child.timed_out:
         return {"error": f"no result within {timeout:g} s"}
+    if result is not None:
+        return result
     lines = child.stderr_tail.strip().splitlines()
     return {"error": lines[-1] if lines else f"exit status {child.returncode}"}
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.facts.config_fields import text_config_of
+from hfcheck.analyzer.shrink import shrunk_config
 from hfcheck.runtime.tiny_vlm import HEAD_DIM, IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
 
 MAX_PARAMETERS = 50_000_000
@@ -257,8 +258,6 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
     the language model's width, M-RoPE sections scaled; pad/bos/eos at the word tokenizer's."""
     import torch
     from transformers import AutoModelForImageTextToText
-
-    from hfcheck.analyzer.instance.shrink import shrunk_config
 
     facts, cfg = collect_facts(raw)
     config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def source_hash() -> str:
     h = hashlib.sha256()
-    for folder in ("analyzer", "runtime"):
+    for folder in ("hfcheck", "analyzer", "runtime"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             h.update(path.read_bytes())
     return h.hexdigest()[:12]

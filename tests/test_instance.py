@@ -9,7 +9,7 @@ from transformers import AutoConfig
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.instance import build_structural, build_tiny
-from hfcheck.analyzer.instance.shrink import structural_prefix
+from hfcheck.analyzer.shrink import structural_prefix
 
 
 def facts_for(model_type: str, **overrides):
@@ -95,7 +95,7 @@ def test_tiny_keeps_per_layer_overrides_in_proportion():
 def test_tiny_leaves_read_only_config_properties():
     from transformers import AutoModelForCausalLM
 
-    from hfcheck.analyzer.instance.shrink import shrunk_config
+    from hfcheck.analyzer.shrink import shrunk_config
 
     facts, cfg = facts_for("falcon")  # FalconConfig.head_dim is hidden_size // num_attention_heads
     small, _ = shrunk_config(facts, cfg, "tiny", head_dim=32)

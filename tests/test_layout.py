@@ -114,7 +114,7 @@ def test_no_private_name_imported_from_another_package():
 # asks the scan for predictions); the porter, the proofs and the sweep/atlas above both; the
 # dashboard and the entry point on top.
 ROOMS = (
-    ("shared", 0, ("hfcheck", "hfcheck.command", "hfcheck.environments", "hfcheck.isolation")),
+    ("shared", 0, ("hfcheck", "hfcheck.command", "hfcheck.environments", "hfcheck.isolation", "hfcheck.packages")),
     ("analyzer core", 1, ("hfcheck.analyzer",)),
     ("real vLLM", 2, ("hfcheck.runtime",)),
     ("porter", 3, ("hfcheck.porter",)),
@@ -158,7 +158,8 @@ LAZY_PACKAGES = frozenset({
 })
 COMMAND_MODULES = ("hfcheck.cli", "hfcheck.porter.cli", "hfcheck.verify.cli", "hfcheck.tui.cli", "hfcheck.analyzer.sweep.cli")
 """Each subcommand's code is imported when it runs: ``--help`` and every command start without the others'."""
-RUNS_WITHOUT_HFCHECK = ("hfcheck.porter.reference.child", "hfcheck.runtime.torchvision_ops_shim", "hfcheck.porter.reference.gpu_shims")
+RUNS_WITHOUT_HFCHECK = ("hfcheck.porter.reference.child", "hfcheck.porter.reference.record", "hfcheck.porter.reference.gpu_shims",
+                        "hfcheck.isolation.fence", "hfcheck.runtime.torchvision_ops_shim")
 """Run in another environment (a 4.x transformers release, vLLM's), where hfcheck may be absent."""
 
 
@@ -214,8 +215,10 @@ def test_function_level_imports_buy_start_up_time():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top = _top_level(tree)
         guarded = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.Try) for sub in ast.walk(node)}
+        # a package's ``__getattr__`` loads what it names only when that name is first asked for
+        lazy = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "__getattr__" for sub in ast.walk(node)}
         for node in _runtime_imports(tree):
-            if id(node) in top or id(node) in guarded:
+            if id(node) in top or id(node) in guarded or id(node) in lazy:
                 continue
             for target in _targets(node, module):
                 known = _known(target)
@@ -223,3 +226,20 @@ def test_function_level_imports_buy_start_up_time():
                     continue
                 needless.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
     assert needless == []
+
+
+def test_what_runs_without_hfcheck_imports_none_of_it():
+    """The reference child loads these by path in a 4.x transformers release (the torchvision
+    shim is copied into vLLM's environment): an hfcheck import there would fail in that release."""
+    for module in RUNS_WITHOUT_HFCHECK:
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+        named = [target for node in _runtime_imports(tree) for target in _targets(node, module)]
+        assert named and not [t for t in named if t.startswith("hfcheck")], module
+
+
+def test_the_reference_child_reads_the_job_runners_files():
+    """child.py cannot import hfcheck.isolation.jobs: it names the two files by hand, the same names."""
+    from hfcheck.isolation.jobs import JOB, RESULT
+
+    text = MODULES["hfcheck.porter.reference.child"].read_text(encoding="utf-8")
+    assert f'"{JOB}"' in text and f'"{RESULT}"' in text

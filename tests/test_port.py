@@ -754,7 +754,7 @@ def test_a_remote_config_transformers_would_reject_is_read_by_its_own_keys(tmp_p
     """Replit Code v1.5 (real code): model_type ``mpt`` with grouped-query attention, which
     transformers' own MptConfig rejects; the repo's config class is what loads it, so scan reads
     its keys (no error) and the shrunk copy keeps its head grouping (``attn_config.kv_n_heads``)."""
-    from hfcheck.analyzer.instance.shrink import head_counts, shrink_config
+    from hfcheck.analyzer.shrink import head_counts, shrink_config
 
     src = PUBLISHED / "replit-code-v1_5-3b"
     scan = subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(src), "--format", "json"], capture_output=True, text=True, check=False)

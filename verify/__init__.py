@@ -22,13 +22,13 @@ Nothing here is imported by ``scan``; torch and transformers load only when a pr
 
 from __future__ import annotations
 
-from hfcheck.verify.cli import attach_proofs
-
 __all__ = ["attach_proofs", "verify_analysis"]
 
 
 def __getattr__(name: str):
     if name == "attach_proofs":
+        from hfcheck.verify.cli import attach_proofs
+
         return attach_proofs
     if name == "verify_analysis":
         from hfcheck.verify.runner import verify_analysis

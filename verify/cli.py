@@ -91,15 +91,14 @@ def run(args: argparse.Namespace) -> int:
     except (SourceError, ValueError) as exc:
         sys.stderr.write(f"hfcheck: error: {exc}\n")
         return EXIT_ERROR
-    from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.report import build_report
+    from hfcheck.analyzer.scan import scan
 
     try:
-        analysis = analyse(source)
-        report = build_report(analysis)
+        result = scan(source)
     except FactsError as exc:
         sys.stderr.write(f"hfcheck: error: {args.ref}: {exc}\n")
         return EXIT_ERROR
+    analysis, report = result.analysis, result.report
     report = attach_proofs(report, analysis, tp_sizes=sizes, parallel=not args.no_parallel, seed=args.seed, timeout_s=args.timeout)
     if args.format == "json":
         print(json.dumps(report, indent=2))

@@ -2,6 +2,7 @@
 
 One ``::error`` / ``::warning`` / ``::notice`` line per problem (the same problems, locations
 and levels as the SARIF output: ``render.sarif.problems``), then one plain summary line:
+
     ::error file=my-model/modeling_x.py,line=42,title=HFC201 attention-interface::...
     hfcheck: my-model: BLOCKED, score 20/100; 1 error, 2 warnings, 0 notices
 

@@ -2,7 +2,7 @@
 
 The static rules (HFC800-825) are documented beside their checks, one module per check
 family in ``analyzer/remote/checks/`` (``RemoteCodeRule``: each reads the static analysis of
-``analysis.source.code_files``, ``ast`` only, computed once and cached, and turns the findings
+``analysis.code``, the static findings ``analyse`` computes once, ``ast`` only, and turns the findings
 of its own code into ``Finding`` s with ``details = {"file": ..., "line": ...}``). Models
 without remote code get no finding from these rules. HFC830, here, reports the sandboxed
 build, which runs only with ``--trust-remote-code``.

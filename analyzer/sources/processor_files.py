@@ -114,3 +114,14 @@ def collect_processor_files(
             get(name)
     code, missing = collect_code({"auto_map": files.auto_map(model_config)}, fetch_own, fetch_other, keep=lambda key: key in PROCESSOR_KEYS)
     return ProcessorFiles(configs, tuple(present), tuple(problems), code, missing, folder if present else None)
+
+
+def tokenizer_needs_remote_code(folder: Path) -> bool:
+    """A tokenizer_config.json with an ``auto_map`` is remote code: vLLM needs ``--trust-remote-code``
+    to load it even where the model itself is native."""
+    path = folder / "tokenizer_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("auto_map"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -61,8 +61,8 @@ def _digest(value: Any) -> str:
 
 @lru_cache(maxsize=1)
 def analyzer_code_hash() -> str:
-    """sha256 over hfcheck's analyzer source and data (the sweep package itself excluded)."""
-
+    """sha256 over hfcheck's analyzer source and data (the sweep package itself excluded) and the
+    shared modules an analysis reads."""
     root = Path(hfcheck.analyzer.__file__).resolve().parent
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
@@ -72,6 +72,11 @@ def analyzer_code_hash() -> str:
         if path.suffix not in (".py", ".json", ".md"):
             continue
         h.update(str(rel.as_posix()).encode() + b"\0" + path.read_bytes() + b"\0")
+    # the shared room's parts an analysis reads: the packages hidden as vLLM's environment lacks
+    # them (hfcheck/__init__), the package tables of HFC812, the sandbox's child processes
+    shared = Path(hfcheck.__file__).resolve().parent
+    for path in [shared / "__init__.py", shared / "packages.py", *sorted((shared / "isolation").glob("*.py"))]:
+        h.update(b"hfcheck/" + str(path.relative_to(shared).as_posix()).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
 
 

@@ -1,8 +1,10 @@
 """A job for an isolated child: the parent writes ``ROOT/job.json``, runs the child under
 ``run_child`` and reads ``ROOT/result.json``; the child reads the job and writes its result
-(large tensors go beside them as safetensors). The one way hfcheck hands work to a child of
-its own interpreter (the port's proofs, the runtime batches); the reference child runs in a
-transformers release without hfcheck and reads the same two files by hand."""
+(large tensors go beside them as safetensors). The one way hfcheck hands work to a child that
+runs hfcheck's code (the port's proofs in hfcheck's interpreter; the runtime batches and serve's
+reference run in vLLM's environment, where hfcheck is installed); the reference child runs in a
+transformers release without hfcheck and reads the same two files by hand. The remote-code
+sandbox returns its observations as a pickle of allowed classes instead (``remote/sandbox.py``)."""
 
 from __future__ import annotations
 

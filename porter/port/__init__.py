@@ -10,12 +10,12 @@ prove the rewrite, and write a complete model folder.
 
 from __future__ import annotations
 
-from hfcheck.porter.port import orchestrate
-
 __all__ = ["PortError", "PortResult", "port"]
 
 
 def __getattr__(name: str):
     if name in __all__:
+        from hfcheck.porter.port import orchestrate
+
         return getattr(orchestrate, name)
     raise AttributeError(name)

@@ -44,6 +44,7 @@ from hfcheck.environments import EnvError
 from hfcheck.porter.port.lint import lint_port
 from hfcheck.porter.port.render import render_markdown
 from hfcheck.porter.port.served import how_served
+from hfcheck.porter.reference.establish import ReferenceError, establish
 from hfcheck.porter.retarget.anatomy import AnatomyError
 
 STATUS_RANK = {"fail": 4, "warn": 3, "inconclusive": 2, "info": 1, "pass": 0}
@@ -150,7 +151,6 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         raise PortError("--out DIR is required to write the ported model")
     out_dir = Path(out).expanduser()
     _check_out(out_dir, source, force)
-    from hfcheck.porter.reference.establish import ReferenceError, establish
 
     try:
         reference = establish(source, override=reference_transformers, timeout=proof_timeout, log=log)

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.instance.shrink import FIELDS, first
+from hfcheck.analyzer.shrink import FIELDS, first
 from hfcheck.isolation import child_env, private_root
 from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result

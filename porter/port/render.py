@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from hfcheck import __version__
+from hfcheck.analyzer.shrink import first, head_counts
 
 PATH_WORDS = {"retarget": "retarget to a native transformers class", "rewrite": "rewrite of the remote code in place",
               "refused": "refused", "none": "none"}
@@ -147,8 +148,6 @@ def _reference_md(result) -> list[str]:
 
 
 def _shrunk(cfg: dict[str, Any]) -> str:
-    from hfcheck.analyzer.instance.shrink import first, head_counts
-
     heads, kv = head_counts(cfg)
     return (f"{first(cfg, 'layers')} layers, hidden {first(cfg, 'hidden')}, {heads} heads ({kv} key/value), "
             f"head dim {first(cfg, 'head_dim') or '-'}, MLP {first(cfg, 'intermediate') or '-'}, vocabulary {first(cfg, 'vocab')}")

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.runtime.serve import tokenizer_needs_remote_code
+from hfcheck.analyzer.sources.processor_files import tokenizer_needs_remote_code
 
 
 @dataclass

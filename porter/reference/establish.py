@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
+from hfcheck.analyzer.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
 from hfcheck.environments import (
     NOT_INSTALLABLE,
     EnvError,
@@ -269,8 +269,6 @@ def searched_token(run: ReferenceRun, tiny: dict[str, Any], already: list[int]) 
 
 
 def _real_head_dim(config: dict[str, Any]) -> int | None:
-    from hfcheck.analyzer.instance.shrink import head_counts
-
     explicit = first(config, "head_dim")
     heads, _ = head_counts(config)
     hidden = first(config, "hidden")

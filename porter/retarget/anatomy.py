@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hfcheck.analyzer.shrink import first, head_counts
+from hfcheck.analyzer.shrink import first as cfg_first
 from hfcheck.porter.reference.run import ReferenceRun
 
 NORM_PARAM_NAMES = {"weight", "bias", "scale", "g", "gamma", "beta"}
@@ -307,8 +309,6 @@ def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
     if not attention_inputs or not mlp_inputs:
         raise AnatomyError("layer 0 lacks attention or MLP input projections")
 
-    from hfcheck.analyzer.instance.shrink import first as cfg_first
-
     d = cfg_first(tiny_config, "head_dim")
     heads = cfg_first(tiny_config, "heads")
     if not isinstance(heads, int) or heads <= 0:
@@ -413,7 +413,6 @@ def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], 
     """The real model's sizes: read off the full-size meta-device build of the original when
     the reference run made one (exact), else scaled from the config the way the shrunk copy
     relates to its config (e.g. Qwen's MLP is half its ``intermediate_size``)."""
-    from hfcheck.analyzer.instance.shrink import first, head_counts
 
     heads, kv_field = head_counts(full_config)
     if not isinstance(heads, int):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
+from hfcheck.analyzer.shrink import first, head_counts
 from hfcheck.analyzer.tolerances import PORT_LOGITS
 from hfcheck.porter.reference.run import ReferenceRun
 from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
@@ -268,8 +269,6 @@ def serving_rank(hyp: Hypothesis) -> int:
 
 
 def _dims_from_run(run: ReferenceRun, tiny_config: dict[str, Any]) -> Dims:
-    from hfcheck.analyzer.instance.shrink import first, head_counts
-
     heads, kv = head_counts(tiny_config)
     hidden = first(tiny_config, "hidden") or 0
     return Dims(hidden, heads or 0, kv or 0, first(tiny_config, "head_dim") or (hidden // heads if heads else 0),

@@ -27,7 +27,7 @@ import libcst as cst
 
 from hfcheck.analyzer.remote import removed_apis
 from hfcheck.analyzer.remote.checks.imports import installed as _installed
-from hfcheck.environments import CUDA_ONLY
+from hfcheck.packages import CUDA_ONLY
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
 
