@@ -34,6 +34,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +119,7 @@ def cross_check(analysis: Analysis, report: dict[str, Any] | None = None) -> dic
     if not supported(version):
         return unavailable(version)
     try:
-        vllm_api = _import_vllm()
+        vllm_api = import_vllm()
     except Exception as exc:  # noqa: BLE001 - broken install, missing CUDA runtime pieces, ...
         return unavailable(version, f"vLLM does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     diffs = _Differences()
@@ -148,10 +149,14 @@ def cross_check(analysis: Analysis, report: dict[str, Any] | None = None) -> dic
     return out
 
 
-# --- vLLM's side ---------------------------------------------------------------------
+# --- asking vLLM's own code ------------------------------------------------------------
+# The one place hfcheck calls vLLM's fusers, its MoE block fuser and its config convertor;
+# ``scan --cross-check`` below and the CI harness (scripts/crosscheck/vllm_side.py) both ask here.
 
 
-def _import_vllm() -> SimpleNamespace:
+def import_vllm() -> SimpleNamespace:
+    """The pieces of vLLM 0.33 the cross-check calls (importing the transformers backend
+    registers its "vllm" attention function)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -176,10 +181,88 @@ FUSER_NAMES = {
     "MLAFuser": "mla", "GLUFuser": "glu", "QKVFuser": "qkv", "PackedQKVFuser": "packed_qkv",
     "MergedColumnParallelFuser": "merged_column", "RMSNormFuser": "rms_norm", "AttentionFuser": "attention",
 }
+"""vLLM's fuser classes in hfcheck's fusion vocabulary."""
 
 
-def _fuser_name(fuser: Any) -> str:
+def fuser_name(fuser: Any) -> str:
     return FUSER_NAMES.get(type(fuser).__name__, type(fuser).__name__)
+
+
+def stub_vllm_config(api: SimpleNamespace, config: Any, text: Any) -> SimpleNamespace:
+    """What ``Fusers.__getitem__`` and the fusers' ``validate`` read of a VllmConfig: the head
+    size from vLLM's own config convertor (``convert()``, per layer then merged, as
+    ``ModelConfig.get_head_size`` does for heterogeneous configs such as Gemma 4), ``use_mla``
+    (the transformers backend's test: ``kv_lora_rank is not None``) and TP 1."""
+    import torch
+
+    convertor = api.convertors.get(getattr(config, "model_type", None), api.convertor_base)
+    try:
+        head_size = convertor(config, text).convert().head_size
+    except Exception:  # noqa: BLE001 - vLLM's converter may not handle this config: its plain head size
+        head_size = convertor(config, text).get_head_size()
+    use_mla = getattr(text, "kv_lora_rank", None) is not None
+    model_config = SimpleNamespace(use_mla=use_mla, get_head_size=lambda: head_size, dtype=torch.bfloat16)
+    return SimpleNamespace(model_config=model_config, parallel_config=SimpleNamespace(tensor_parallel_size=1), quant_config=None)
+
+
+@dataclass
+class VllmModuleFusers:
+    """vLLM's answer for one module: its fusers' candidates (``get_fusers``) and the ones this
+    instance takes (``Fusers.__getitem__``), or the exception vLLM raised asking."""
+
+    cls: str
+    candidates: list[str] | None = None
+    chosen: list[str] | None = None
+    error: BaseException | None = None
+
+
+def ask_fusers(api: SimpleNamespace, model: Any, vllm_config: SimpleNamespace) -> tuple[dict[str, VllmModuleFusers], dict[int, list[str]]]:
+    """vLLM's fusers on every module of ``model`` (path -> answer), and the modules whose
+    ``AttentionFuser`` claims a decoder layer (layer index -> paths)."""
+    answers: dict[str, VllmModuleFusers] = {}
+    attention_by_layer: dict[int, list[str]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fusers = api.Fusers(model, vllm_config)  # the real class: get_fusers per module, validate per instance
+        for path, module in model.named_modules():
+            answer = answers[path] = VllmModuleFusers(type(module).__name__)
+            try:
+                answer.candidates = [fuser_name(f) for f in api.get_fusers(module)]
+                chosen = fusers[module]
+                answer.chosen = [fuser_name(f) for f in chosen]
+                for f in chosen:
+                    if isinstance(f, api.AttentionFuser) and (idx := f.layer_index(module)) is not None:
+                        attention_by_layer.setdefault(idx, []).append(path)
+            except Exception as exc:  # noqa: BLE001 - vLLM's failure is the answer for this module
+                answer.chosen, answer.error = None, exc
+    return answers, attention_by_layer
+
+
+def vllm_replaces_experts(experts: Any) -> bool:
+    """vLLM's ``MoEMixin.recursive_replace`` test for an ``experts`` child: a ModuleList, or
+    only 3-D parameters (FusedMoE then takes its place)."""
+    from torch import nn
+
+    params = list(experts.parameters())
+    return isinstance(experts, nn.ModuleList) or (len(params) > 0 and all(p.ndim == 3 for p in params))
+
+
+def ask_moe_block(api: SimpleNamespace, block: Any, divides_shared_output: bool | None = None) -> dict[str, Any]:
+    """vLLM's ``MoEBlockFuser.match`` on one block (raises what vLLM raises): whether it takes
+    the block forward over, routes internally, its router's scoring and its shared expert.
+    ``divides_shared_output`` None: vLLM's default."""
+    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
+
+    args = (block, EXPERTS_NAME) if divides_shared_output is None else (block, EXPERTS_NAME, divides_shared_output)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fuser = api.MoEBlockFuser.match(*args)
+    return {
+        "fused": fuser is not None,
+        "internal": bool(fuser and fuser.scoring_func),
+        "scoring": fuser.scoring_func if fuser else None,
+        "shared": fuser.shared_name if fuser else None,
+    }
 
 
 class _Differences:
@@ -295,20 +378,6 @@ def _vllm_attention(model: Any) -> Iterator[None]:
             config._attn_implementation = ATTN_IMPLEMENTATION
 
 
-def _vllm_config(api: SimpleNamespace, analysis: Analysis) -> Any:
-    import torch
-
-    config = analysis.instance.config
-    text = _text_config(config)
-    convertor = api.convertors.get(getattr(config, "model_type", None), api.convertor_base)
-    try:
-        head_size = convertor(config, text).convert().head_size
-    except Exception:  # noqa: BLE001 - vLLM's converter may not handle this config: its plain head size
-        head_size = convertor(config, text).get_head_size()
-    model_config = SimpleNamespace(use_mla=getattr(text, "kv_lora_rank", None) is not None, get_head_size=lambda: head_size, dtype=torch.bfloat16)
-    return SimpleNamespace(model_config=model_config, parallel_config=SimpleNamespace(tensor_parallel_size=1), quant_config=None)
-
-
 def _err(exc: BaseException) -> str:
     text = str(exc).splitlines()[0][:160] if str(exc) else ""
     return f"ERROR {type(exc).__name__}: {text}"
@@ -318,33 +387,21 @@ def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, comp
     from hfcheck.analyzer.fusions.detect import class_fusions
 
     model, obs = analysis.instance.model, analysis.observations
-    vcfg = _vllm_config(api, analysis)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fusers = api.Fusers(model, vcfg)
-        vllm_attention: dict[int, list[str]] = {}
-        for path, module in model.named_modules():
-            try:
-                for f in fusers[module]:
-                    if isinstance(f, api.AttentionFuser) and (idx := f.layer_index(module)) is not None:
-                        vllm_attention.setdefault(idx, []).append(path)
-            except Exception:  # noqa: BLE001, S110 - vLLM's attention listing is best effort; the fusers are compared below
-                pass
-        n = 0
-        for m in obs.modules:
-            module = model.get_submodule(m.path) if m.path else model
-            n += 1
-            try:
-                v_candidates = [_fuser_name(f) for f in api.get_fusers(module)]
-                v_chosen = [_fuser_name(f) for f in fusers[module]]
-            except Exception as exc:  # noqa: BLE001 - vLLM's failure is recorded as the value
-                v_candidates = v_chosen = _err(exc)
-            h_candidates = [p.name for p, _ in class_fusions(module).candidates]
-            h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
-            if v_candidates != h_candidates:
-                diffs.add("candidates", m.cls, v_candidates, h_candidates, m.path or "<model>")
-            if isinstance(v_chosen, str) or sorted(v_chosen) != sorted(h_chosen):
-                diffs.add("chosen", m.cls, v_chosen, h_chosen, m.path or "<model>")
+    config = analysis.instance.config
+    answers, vllm_attention = ask_fusers(api, model, stub_vllm_config(api, config, _text_config(config)))
+    n = 0
+    for m in obs.modules:
+        module = model.get_submodule(m.path) if m.path else model
+        n += 1
+        answer = answers[m.path]
+        v_candidates = _err(answer.error) if answer.error is not None else answer.candidates
+        v_chosen = _err(answer.error) if answer.error is not None else answer.chosen
+        h_candidates = [p.name for p, _ in class_fusions(module).candidates]
+        h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
+        if v_candidates != h_candidates:
+            diffs.add("candidates", m.cls, v_candidates, h_candidates, m.path or "<model>")
+        if isinstance(v_chosen, str) or sorted(v_chosen) != sorted(h_chosen):
+            diffs.add("chosen", m.cls, v_chosen, h_chosen, m.path or "<model>")
     compared["modules"] = n
     compared["layers"] = len(set(vllm_attention) | set(obs.attention_by_layer))
     mine = {int(k): sorted(v) for k, v in obs.attention_by_layer.items()}
@@ -355,44 +412,38 @@ def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, comp
 
 
 def _moe(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, compared: dict[str, int]) -> None:
-    from torch import nn
-
-    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
+    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, MoEBlockFusion, divides_shared_output
 
     model, obs = analysis.instance.model, analysis.observations
     mine = dict(obs.moe_blocks)
     text = _text_config(analysis.instance.config)
-    scale = getattr(text, "routed_scaling_factor", 1.0)
-    dtype = str(getattr(text, "dtype", None) or getattr(analysis.instance.config, "dtype", None) or analysis.facts.dtype).replace("torch.", "")
-    divides = scale not in (None, 1.0) and dtype == "float16"
+    dtype = getattr(text, "dtype", None) or getattr(analysis.instance.config, "dtype", None) or analysis.facts.dtype
+    divides = divides_shared_output(str(dtype), getattr(text, "routed_scaling_factor", 1.0))
     n = 0
     for path, block in model.named_modules():
         experts = dict(block.named_children()).get(EXPERTS_NAME)
         if experts is None:
             continue
-        params = list(experts.parameters())
-        replaceable = isinstance(experts, nn.ModuleList) or (len(params) > 0 and all(p.ndim == 3 for p in params))
+        replaceable = vllm_replaces_experts(experts)
         h = mine.get(path)
-        if h is None and not replaceable and not params:
+        if h is None and MoEBlockFusion.find(None, block) is None:
             continue  # neither side treats a parameter-free "experts" child as MoE
         n += 1
         cls = type(block).__name__
         if h is None:
             diffs.add("moe_block", cls, "experts child", None, path)
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                fuser = api.MoEBlockFuser.match(block, EXPERTS_NAME, divides)
-                values = {
-                    "moe_replaceable": replaceable,
-                    "moe_block_fused": fuser is not None,
-                    "moe_internal": bool(fuser and fuser.scoring_func),
-                    "moe_scoring": fuser.scoring_func if fuser else None,
-                    "moe_shared": fuser.shared_name if fuser else None,
-                }
-            except Exception as exc:  # noqa: BLE001 - vLLM's failure is recorded as the value
-                values = {"moe_replaceable": replaceable, "moe_block_fused": _err(exc)}
+        try:
+            answer = ask_moe_block(api, block, divides)
+            values = {
+                "moe_replaceable": replaceable,
+                "moe_block_fused": answer["fused"],
+                "moe_internal": answer["internal"],
+                "moe_scoring": answer["scoring"],
+                "moe_shared": answer["shared"],
+            }
+        except Exception as exc:  # noqa: BLE001 - vLLM's failure is recorded as the value
+            values = {"moe_replaceable": replaceable, "moe_block_fused": _err(exc)}
         predicted = {
             "moe_replaceable": h.experts_replaceable,
             "moe_block_fused": h.block_taken_over,

@@ -80,6 +80,45 @@ def cut_layers(text: Any, n: int) -> None:
                 lac[key] = [i for i in lac[key] if i <= n]
 
 
+CROSS_CHECK_LAYERS = 4
+"""How many decoder layers the cross-check harness builds of each model type."""
+
+
+def cut_every_layer_list(config: Any, max_layers: int = CROSS_CHECK_LAYERS) -> tuple[int | None, int | None]:
+    """The cross-check harness's cut (``scripts/crosscheck``: vLLM's side and hfcheck's build
+    the same model from it): the text config to ``min(n, max_layers)`` layers, in place, with
+    *every* list as long as the layer count cut too (``cut_layers`` names its fields, and so
+    keeps e.g. llama4_text's ``no_rope_layers`` or laguna's per-layer head counts whole: moving
+    the harness onto it changes which models are compared, so it waits for a behaviour step).
+    Returns the (old, new) layer counts; (None, None) for a config without an int layer count."""
+    text = config.get_text_config()
+    n = getattr(text, "num_hidden_layers", None)
+    if not isinstance(n, int):
+        return None, None
+    new = min(n, max_layers)
+    if new == n:
+        return n, new
+    text.num_hidden_layers = new
+    for name, value in list(vars(text).items()):
+        if not name.startswith("_") and isinstance(value, (list, tuple)) and len(value) == n:
+            setattr(text, name, list(value)[:new])
+    # layer_types may be a property / attribute-mapped name not in vars()
+    lt = getattr(text, "layer_types", None)
+    if isinstance(lt, (list, tuple)) and len(lt) > new:
+        try:
+            text.layer_types = list(lt)[:new]
+        except Exception:  # noqa: BLE001, S110 - a config that refuses the cut keeps its list
+            pass
+    for name in ("attn_layer_indices", "full_attn_idxs", "mlp_only_layers"):  # per-layer index lists
+        value = getattr(text, name, None)
+        if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) for i in value) and len(value) != new:
+            setattr(text, name, [i for i in value if i < new])
+    value = getattr(text, "hybrid_override_pattern", None)  # one character per layer
+    if isinstance(value, str) and len(value) > new:
+        text.hybrid_override_pattern = value[:new]
+    return n, new
+
+
 def cut_experts(text: Any, facts: ModelFacts) -> None:
     if not facts.is_moe:
         return

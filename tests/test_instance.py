@@ -9,7 +9,12 @@ from transformers import AutoConfig
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.instance import build_structural, build_tiny
-from hfcheck.analyzer.shrink import structural_prefix
+from hfcheck.analyzer.shrink import (
+    CROSS_CHECK_LAYERS,
+    cut_every_layer_list,
+    cut_layers,
+    structural_prefix,
+)
 
 
 def facts_for(model_type: str, **overrides):
@@ -102,3 +107,20 @@ def test_tiny_leaves_read_only_config_properties():
     assert small.head_dim == 32 and small.hidden_size < cfg.hidden_size
     model = AutoModelForCausalLM.from_config(small)
     assert model.transformer.h[0].self_attention.head_dim == 32
+
+
+def test_the_cross_check_cut_shortens_every_per_layer_list():
+    """The cross-check harness builds vLLM's and hfcheck's model from one cut (analyzer/shrink.py,
+    beside the scan's): every list as long as the layer count is cut with it, where the scan's
+    ``cut_layers`` keeps the lists it does not name (llama4_text's ``no_rope_layers``)."""
+    config = AutoConfig.for_model("llama4_text")
+    text = config.get_text_config()
+    full = text.num_hidden_layers
+    assert full > CROSS_CHECK_LAYERS and len(text.no_rope_layers) == full
+    assert cut_every_layer_list(config) == (full, CROSS_CHECK_LAYERS)
+    assert text.num_hidden_layers == len(text.no_rope_layers) == len(text.layer_types) == CROSS_CHECK_LAYERS
+    assert cut_every_layer_list(config) == (CROSS_CHECK_LAYERS, CROSS_CHECK_LAYERS)  # a second cut changes nothing
+
+    scan_cut = AutoConfig.for_model("llama4_text").get_text_config()
+    cut_layers(scan_cut, CROSS_CHECK_LAYERS)
+    assert scan_cut.num_hidden_layers == CROSS_CHECK_LAYERS and len(scan_cut.no_rope_layers) == full

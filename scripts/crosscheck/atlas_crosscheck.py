@@ -25,9 +25,8 @@ warnings.filterwarnings("ignore")
 import transformers  # noqa: E402
 from common import common_model_types, err, time_limit  # noqa: E402
 
-from hfcheck.analyzer.analysis import analyse  # noqa: E402
 from hfcheck.analyzer.crosscheck import cross_check, installed_vllm_version, summary_line  # noqa: E402
-from hfcheck.analyzer.report import build_report  # noqa: E402
+from hfcheck.analyzer.scan import scan  # noqa: E402
 from hfcheck.analyzer.sources.model_types import type_source  # noqa: E402
 
 logging.disable(logging.WARNING)
@@ -36,9 +35,8 @@ transformers.logging.set_verbosity_error()
 
 def one(mt: str) -> dict:
     try:
-        source = type_source(mt)
-        analysis = analyse(source)
-        report = build_report(analysis)
+        scanned = scan(type_source(mt))
+        analysis, report = scanned.analysis, scanned.report
     except Exception as exc:  # noqa: BLE001 - hfcheck refuses the type (exit 2 on the command line)
         return {"analysis_error": err(exc)}
     try:

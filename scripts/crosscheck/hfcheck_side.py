@@ -18,14 +18,15 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
+from common import build_cut_model, common_model_types, err, time_limit  # noqa: E402
 
+from hfcheck.analyzer.crosscheck import vllm_replaces_experts  # noqa: E402
 from hfcheck.analyzer.facts import collect_facts  # noqa: E402
 from hfcheck.analyzer.fusions.attention import layer_index  # noqa: E402
 from hfcheck.analyzer.fusions.base import FusionContext  # noqa: E402
 from hfcheck.analyzer.fusions.context import fusion_context  # noqa: E402
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions  # noqa: E402
-from hfcheck.analyzer.fusions.moe import analyse_block  # noqa: E402
+from hfcheck.analyzer.fusions.moe import MoEBlockFusion  # noqa: E402
 from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, register_attention  # noqa: E402
 
 logging.disable(logging.WARNING)
@@ -68,9 +69,9 @@ def one(mt: str) -> dict:
         experts = dict(module.named_children()).get("experts")
         if experts is not None:
             m: dict = {"block_cls": type(module).__name__, "experts_cls": type(experts).__name__}
-            m["replaceable_common"] = moe_replaceable(experts)
+            m["replaceable_common"] = vllm_replaces_experts(experts)
             try:
-                b = analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)
+                b = MoEBlockFusion.analyse(module, ctx)
                 m["replaceable"] = b.experts_replaceable
                 m["internal"] = b.internal_routing
                 # hfcheck has no "block forward taken over, routing external" outcome:

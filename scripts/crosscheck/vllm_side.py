@@ -1,6 +1,8 @@
-"""vLLM 0.33's own fuser detection on every common causal-LM model type (CPU, meta device).
+"""vLLM 0.33's own fuser detection on every common causal-LM model type (CPU, meta device),
+asked through hfcheck.analyzer.crosscheck (the one module that calls vLLM's fusers).
 
-Run: /work/vllmenv/venv/bin/python scripts/crosscheck/vllm_side.py [--other-types FILE] [--only a,b]
+Run with the Python of an environment holding vLLM 0.33 and hfcheck (CI: .venv-vllm):
+    python scripts/crosscheck/vllm_side.py [--other-types FILE] [--only a,b]
 Writes /tmp/crosscheck_vllm.json.
 """
 
@@ -12,7 +14,6 @@ import os
 import sys
 import time
 import warnings
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -20,52 +21,19 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-import vllm  # noqa: E402
-import vllm.model_executor.models.transformers  # noqa: E402  (registers "vllm" attention)
-from common import build_cut_model, common_model_types, err, moe_replaceable, time_limit  # noqa: E402
-from vllm.model_executor.models.transformers.fuser import Fusers, get_fusers  # noqa: E402
-from vllm.model_executor.models.transformers.fusers import AttentionFuser  # noqa: E402
-from vllm.model_executor.models.transformers.fusers.moe import MoEBlockFuser  # noqa: E402
-from vllm.transformers_utils.model_arch_config_convertor import (  # noqa: E402
-    MODEL_ARCH_CONFIG_CONVERTORS,
-    ModelArchConfigConvertorBase,
+from common import build_cut_model, common_model_types, err, time_limit  # noqa: E402
+
+from hfcheck.analyzer.crosscheck import (  # noqa: E402
+    ask_fusers,
+    ask_moe_block,
+    import_vllm,
+    stub_vllm_config,
+    vllm_replaces_experts,
 )
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
-
-NAMES = {
-    "MLAFuser": "mla",
-    "GLUFuser": "glu",
-    "QKVFuser": "qkv",
-    "PackedQKVFuser": "packed_qkv",
-    "MergedColumnParallelFuser": "merged_column",
-    "RMSNormFuser": "rms_norm",
-    "AttentionFuser": "attention",
-}
-
-
-def name(fuser) -> str:
-    return NAMES.get(type(fuser).__name__, type(fuser).__name__)
-
-
-def stub_vllm_config(cfg, text):
-    """What Fusers.__getitem__/validate read: model_config.use_mla / get_head_size(), TP size."""
-    convertor = MODEL_ARCH_CONFIG_CONVERTORS.get(getattr(cfg, "model_type", None), ModelArchConfigConvertorBase)
-    # ModelConfig.get_head_size() is model_arch_config.head_size, built by convert()
-    # (per layer, then merged, for heterogeneous configs such as Gemma 4)
-    try:
-        head_size = convertor(cfg, text).convert().head_size
-    except Exception:  # noqa: BLE001 - vLLM's converter may not handle this config: its plain head size
-        head_size = convertor(cfg, text).get_head_size()
-    # ModelConfig.use_mla for the transformers backend: kv_lora_rank is not None
-    use_mla = getattr(text, "kv_lora_rank", None) is not None
-    model_config = SimpleNamespace(use_mla=use_mla, get_head_size=lambda: head_size, dtype=torch.bfloat16)
-    return SimpleNamespace(
-        model_config=model_config,
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
-        quant_config=None,
-    ), head_size, use_mla
+VLLM = import_vllm()  # the one module that asks vLLM's code; scan --cross-check asks through it too
 
 
 def one(mt: str) -> dict:
@@ -73,39 +41,36 @@ def one(mt: str) -> dict:
     cfg, text, model, info = build_cut_model(mt, "vllm")
     out.update(info)
     out["model_class"] = type(model).__name__
-    vcfg, head_size, use_mla = stub_vllm_config(cfg, text)
-    out["head_size"], out["use_mla"] = head_size, use_mla
-    fusers = Fusers(model, vcfg)  # real class: get_fusers for every module, validate per instance
+    vcfg = stub_vllm_config(VLLM, cfg, text)
+    out["head_size"], out["use_mla"] = vcfg.model_config.get_head_size(), vcfg.model_config.use_mla
+    answers, attention_by_layer = ask_fusers(VLLM, model, vcfg)
     modules: dict = {}
-    attention_by_layer: dict = {}
     moe: dict = {}
     for path, module in model.named_modules():
-        entry: dict = {"cls": type(module).__name__}
-        try:
-            entry["candidates"] = [name(f) for f in get_fusers(module)]
-            chosen = fusers[module]
-            entry["chosen"] = [name(f) for f in chosen]
-            for f in chosen:
-                if isinstance(f, AttentionFuser) and (idx := f.layer_index(module)) is not None:
-                    attention_by_layer.setdefault(str(idx), []).append(path)
-        except Exception as exc:  # noqa: BLE001 - recorded per module
-            entry["error"] = err(exc)
+        answer = answers[path]
+        entry: dict = {"cls": answer.cls}
+        if answer.candidates is not None:
+            entry["candidates"] = answer.candidates
+        if answer.error is not None:
+            entry["error"] = err(answer.error)
+        else:
+            entry["chosen"] = answer.chosen
         modules[path] = entry
         experts = dict(module.named_children()).get("experts")
         if experts is not None:
             m: dict = {"block_cls": type(module).__name__, "experts_cls": type(experts).__name__}
-            m["replaceable"] = moe_replaceable(experts)
+            m["replaceable"] = vllm_replaces_experts(experts)
             try:
-                fuser = MoEBlockFuser.match(module, "experts")
-                m["fuser"] = m["fused"] = fuser is not None  # block forward taken over (internal or external routing)
-                m["scoring"] = fuser.scoring_func if fuser else None
-                m["internal"] = bool(fuser and fuser.scoring_func)
-                m["shared"] = fuser.shared_name if fuser else None
+                answer_moe = ask_moe_block(VLLM, module)
+                m["fuser"] = m["fused"] = answer_moe["fused"]  # block forward taken over (internal or external routing)
+                m["scoring"] = answer_moe["scoring"]
+                m["internal"] = answer_moe["internal"]
+                m["shared"] = answer_moe["shared"]
             except Exception as exc:  # noqa: BLE001 - recorded per block
                 m["error"] = err(exc)
             moe[path] = m
     out["modules"] = modules
-    out["attention_by_layer"] = attention_by_layer
+    out["attention_by_layer"] = {str(idx): paths for idx, paths in attention_by_layer.items()}
     out["moe"] = moe
     return out
 
@@ -114,7 +79,7 @@ def main() -> None:
     types = common_model_types()
     if "--only" in sys.argv:
         types = sys.argv[sys.argv.index("--only") + 1].split(",")
-    result = {"_meta": {"side": "vllm", "vllm": vllm.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
+    result = {"_meta": {"side": "vllm", "vllm": VLLM.vllm.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
     t0 = time.time()
     for mt in types:
         t = time.time()
