@@ -9,6 +9,7 @@ import torch
 from jsonschema import validate
 from torch import nn
 
+from hfcheck.analyzer.fusions.base import FusionContext
 from hfcheck.analyzer.report import schema
 
 
@@ -374,3 +375,28 @@ def test_one_process_scanning_two_sizes_of_a_class_answers_for_each(tmp_path):
     small, large = scan(64), scan(128)
     assert small["HFC301"] == "pass" and large["HFC301"] == "pass", (small, large)
     assert small["score"] == large["score"]
+
+
+@pytest.mark.parametrize(("model_type", "taken_over"), [("qwen3_moe", True), ("deepseek_v2", True), ("gpt_oss", False)])
+def test_moe_block_is_a_pattern(model_type, taken_over):
+    """vLLM's MoE block fuser is a Pattern like the others: ``find`` on a block holding experts
+    (nothing on any other module), ``validate`` passes where vLLM takes the block forward over
+    and otherwise says why transformers keeps routing (the scan's own MoE reading)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME, MoEBlockFusion
+
+    config = AutoConfig.for_model(model_type, num_hidden_layers=2, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    found = {path: (module, MoEBlockFusion.find(None, module)) for path, module in model.named_modules()}
+    blocks = {path: (module, match) for path, (module, match) in found.items() if match is not None}
+    assert blocks and all(dict(module.named_children()).get(EXPERTS_NAME) is not None for module, _ in blocks.values())
+    assert not any(EXPERTS_NAME in dict(module.named_children()) for path, (module, match) in found.items() if match is None)
+    ctx = FusionContext(head_size=16)
+    for module, match in blocks.values():
+        assert (match.fusion, match.projections) == ("moe", (EXPERTS_NAME,))
+        reason = MoEBlockFusion.validate(match, module, ctx)
+        assert (reason is None) == taken_over
+        assert reason == (None if taken_over else MoEBlockFusion.analyse(module, ctx).routing_reason)

@@ -8,6 +8,10 @@
   ``topk(softmax|sigmoid(linear))`` router, the output is the experts' (times a
   constant) plus optionally ``shared(x)`` or ``sigmoid(shared_gate(x)) * shared(x)``,
   and no other stateful child exists. Otherwise transformers routes ("external").
+
+``MoEBlockFusion`` is that fuser as a ``Pattern`` (``find`` on the block, ``validate`` per
+instance); it is not in ``registry.PATTERNS``, as vLLM runs its ``MoEBlockFuser`` apart from
+``get_fusers``.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from dataclasses import dataclass
 
 from torch import fx, nn
 
+from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph.nodes import find, is_op, output_value, peel, reaches
-from hfcheck.analyzer.graph.tracer import trace_module
+from hfcheck.analyzer.graph.tracer import Trace, trace_module
 from hfcheck.analyzer.vllm_release import modelled_series
 
 EXPERTS_NAME = "experts"
@@ -390,3 +395,32 @@ def _routing(block: nn.Module, experts: nn.Module) -> _Routing:
         return _Routing(False, why, None, shared_name, taken, gate_name, shared_gate)
     why = f"vLLM routes: {scoring} router {gate_name!r}" + (f", shared expert {shared_name!r}" if shared_name else "")
     return _Routing(True, why, scoring, shared_name, True, gate_name, shared_gate, unscaled=routed is call)
+
+
+class MoEBlockFusion(Pattern):
+    """vLLM's ``MoEBlockFuser``: a block with a child named ``experts`` (an ``nn.ModuleList``
+    or one holding parameters) is a mixture of experts. ``analyse`` says what vLLM does with
+    it (``MoEBlock``: experts replaced by FusedMoE, routing, shared expert); ``validate``
+    passes when vLLM takes the block forward over, else says why transformers keeps routing.
+
+    Not in ``registry.PATTERNS``: vLLM's ``get_fusers`` never lists it (it runs in
+    ``recursive_replace`` on blocks holding experts), and the cross-check compares those lists."""
+
+    name = "moe"
+    needs_trace = False  # the block's trace and its router's are taken where routing is read
+
+    @classmethod
+    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        experts = dict(module.named_children()).get(EXPERTS_NAME)
+        if experts is None or not (isinstance(experts, nn.ModuleList) or next(experts.parameters(), None) is not None):
+            return None
+        return Match(cls.name, projections=(EXPERTS_NAME,))
+
+    @classmethod
+    def analyse(cls, module: nn.Module, ctx: FusionContext) -> MoEBlock:
+        return analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)
+
+    @classmethod
+    def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
+        block = cls.analyse(module, ctx)
+        return None if block.block_taken_over else block.routing_reason

@@ -28,7 +28,7 @@ from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
 from hfcheck.analyzer.fusions.moe import (
     EXPERTS_NAME,
     MoEBlock,
-    analyse_block,
+    MoEBlockFusion,
     expert_count_problem,
     experts_replaceable,
     vllm_expert_count,
@@ -226,11 +226,11 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
         modules.append(obs)
         if cf.trace is not None:
             graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
-        experts = dict(module.named_children()).get(EXPERTS_NAME)
         kept_by_moe: set[str] = set()
-        if experts is not None and (isinstance(experts, nn.ModuleList) or any(True for _ in experts.parameters())):
-            block = analyse_block(module, ctx.divides_shared_output, ctx.vllm_series)
+        if MoEBlockFusion.find(None, module) is not None:
+            block = MoEBlockFusion.analyse(module, ctx)
             if block.experts_replaceable:
+                experts = module.get_submodule(EXPERTS_NAME)
                 block = dataclasses.replace(block, expert_count_problem=expert_count_problem(experts, expert_count))
             moe_blocks.append((path, block))
             if block.block_taken_over and block.gate:
