@@ -9,6 +9,7 @@ or executed.
 - ``passes_source_test``: transformers' ``_can_set_attn_implementation`` on a module's source
   text (vLLM's second compatibility gate); ``rules/resolution.source_gate`` applies it to a
   loaded class;
+- ``layer_loop_names``: the names a forward's loop over a layer list binds to one layer;
 - ``is_self_attr``, ``self_attr_names``, ``is_call_to``, ``calls_to``, ``call_kw``,
   ``accepts_kwargs``, ``has_kwargs_expansion``: small readings of calls and attributes;
 - ``location_status`` / ``where_in``: import time (fail) or inside a function (warn), and where.
@@ -81,6 +82,21 @@ def is_call_to(file: FileIndex, value: ast.expr, suffix: str) -> bool:
 
 def self_attr_names(node: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(node) if is_self_attr(n)}
+
+
+def layer_loop_names(forward: ast.AST, list_attrs: set[str]) -> set[str]:
+    """The names a forward binds to one decoder layer while looping over a layer list
+    (``for layer in self.layers[...]``, ``for i, layer in enumerate(self.h)``): the analyzer's
+    HFC804 reading and the porter's kwargs codemod find the layer calls from them."""
+    names: set[str] = set()
+    for node in ast.walk(forward):
+        if isinstance(node, (ast.For, ast.AsyncFor)) and list_attrs & self_attr_names(node.iter):
+            target = node.target
+            if isinstance(target, ast.Name):
+                names.add(target.id)
+            elif isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[-1], ast.Name):
+                names.add(target.elts[-1].id)
+    return names
 
 
 def location_status(file: FileIndex, node: ast.AST) -> str:

@@ -1,12 +1,15 @@
 """Small libcst helpers the codemods share: find and replace classes, methods and statements,
 edit signatures and imports, while leaving every untouched token (comments, blank lines,
-formatting) exactly as it was."""
+formatting) exactly as it was. Shapes are LibCST matchers (``libcst.matchers``), searches
+``m.findall``; what is left here is what LibCST has no helper for (a statement's place in its
+block, keeping the comments above a replaced statement, a parameter added after the last)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
 import libcst as cst
+import libcst.matchers as m
 
 EMPTY = cst.Module([])
 
@@ -54,8 +57,16 @@ def short(name: str) -> str:
     return name.rpartition(".")[2]
 
 
+def self_attr(attr: str | m.BaseMatcherNode | None = None) -> m.Attribute:
+    """The matcher of ``self.<attr>`` (any attribute of ``self`` when ``attr`` is None; a
+    matcher of the attribute's name string, e.g. ``m.MatchIfTrue``, where one name is not enough)."""
+    if attr is None:
+        return m.Attribute(value=m.Name("self"))
+    return m.Attribute(value=m.Name("self"), attr=m.Name(attr))
+
+
 def is_self_attr(node: cst.CSTNode, attr: str | None = None) -> bool:
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self" and (attr is None or node.attr.value == attr)
+    return m.matches(node, self_attr(attr))
 
 
 def names_in(node: cst.CSTNode) -> set[str]:
@@ -99,15 +110,8 @@ def count_name(node: cst.CSTNode, name: str) -> int:
 
 
 def find_calls(node: cst.CSTNode, predicate: Callable[[cst.Call], bool]) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class V(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            if predicate(n):
-                found.append(n)
-
-    node.visit(V())
-    return found
+    """Every call under ``node`` (outer before inner) for which ``predicate`` holds."""
+    return list(m.findall(node, m.Call() & m.MatchIfTrue(predicate)))
 
 
 def replace_nodes(node: cst.CSTNode, mapping: Callable[[cst.CSTNode], cst.CSTNode | None]):
@@ -126,9 +130,7 @@ def replace_nodes(node: cst.CSTNode, mapping: Callable[[cst.CSTNode], cst.CSTNod
 
 def simple(s: cst.CSTNode) -> cst.BaseSmallStatement | None:
     """The single small statement of a one-statement line, else None."""
-    if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1:
-        return s.body[0]
-    return None
+    return s.body[0] if m.matches(s, m.SimpleStatementLine(body=[m.DoNotCare()])) else None
 
 
 def assign_of(s: cst.CSTNode) -> tuple[list[str] | None, cst.BaseExpression | None]:
@@ -146,7 +148,7 @@ def assign_of(s: cst.CSTNode) -> tuple[list[str] | None, cst.BaseExpression | No
 
 def self_assign_of(s: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]:
     small = simple(s)
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and is_self_attr(small.targets[0].target):
+    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=self_attr())])):
         return small.targets[0].target.attr.value, small.value
     return None, None
 
@@ -190,26 +192,16 @@ def replace_lines(func: cst.FunctionDef, start: int, end: int, new: list[cst.Bas
     return None
 
 
-def _blocks(node: cst.CSTNode):
+def _blocks(node: cst.CSTNode) -> list[cst.IndentedBlock]:
     """Every indented block under ``node``, outermost first."""
-    found: list[cst.IndentedBlock] = []
-
-    class Visitor(cst.CSTVisitor):
-        def visit_IndentedBlock(self, n: cst.IndentedBlock) -> None:
-            found.append(n)
-
-    node.visit(Visitor())
-    return found
+    return list(m.findall(node, m.IndentedBlock()))
 
 
 # ------------------------------------------------------------------ classes and methods
 
 
 def top_class(module: cst.Module, name: str) -> cst.ClassDef | None:
-    for s in module.body:
-        if isinstance(s, cst.ClassDef) and s.name.value == name:
-            return s
-    return None
+    return next((s for s in module.body if m.matches(s, m.ClassDef(name=m.Name(name)))), None)
 
 
 def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]) -> cst.Module:
@@ -223,10 +215,7 @@ def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cs
 
 
 def method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    for s in body_of(cls):
-        if isinstance(s, cst.FunctionDef) and s.name.value == name:
-            return s
-    return None
+    return next((s for s in body_of(cls) if m.matches(s, m.FunctionDef(name=m.Name(name)))), None)
 
 
 def replace_in_body(node, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]):
@@ -346,8 +335,7 @@ def arg(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | Non
 
 
 def _is_import_line(s: cst.CSTNode) -> bool:
-    small = simple(s)
-    return isinstance(small, (cst.Import, cst.ImportFrom))
+    return m.matches(s, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
 
 
 def bound_names(module: cst.Module) -> set[str]:
@@ -395,9 +383,12 @@ def ensure_import(module: cst.Module, line: str, binds: str) -> cst.Module:
     return module.with_changes(body=body)
 
 
+DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
+"""A statement line that is only a string: a module's, class's or function's docstring."""
+
+
 def _is_docstring(s: cst.CSTNode) -> bool:
-    small = simple(s)
-    return isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+    return m.matches(s, DOCSTRING)
 
 
 def insert_before_class(module: cst.Module, class_name: str, new: list[cst.BaseStatement]) -> cst.Module:

@@ -14,8 +14,8 @@ from hfcheck.analyzer.remote.ast_helpers import (
     dispatch_names,
     has_kwargs_expansion,
     is_self_attr,
+    layer_loop_names,
     passes_source_test,
-    self_attr_names,
 )
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex, FileIndex
@@ -213,14 +213,7 @@ def _layer_call_sites(file: FileIndex, forward: ast.AST, list_attrs: set[str], s
     """Calls of a decoder layer in ``forward``: through a loop over a layer list, or a
     subscript of one (``self.layers[i](...)``); in an ``nn.Sequential`` a constant index is
     its embedding or head (MixFormer's ``self.layers[0](input_ids)``), not a layer."""
-    loop_names: set[str] = set()
-    for node in ast.walk(forward):
-        if isinstance(node, (ast.For, ast.AsyncFor)) and list_attrs & self_attr_names(node.iter):
-            target = node.target
-            if isinstance(target, ast.Name):
-                loop_names.add(target.id)
-            elif isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[-1], ast.Name):
-                loop_names.add(target.elts[-1].id)
+    loop_names = layer_loop_names(forward, list_attrs)
     calls = []
     for node in ast.walk(forward):
         if not isinstance(node, ast.Call):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.porter.port import cstutil as cu
@@ -67,10 +68,11 @@ class BackendFlag(Codemod):
 
 
 def _class_attr(s) -> str | None:
+    """The name a class-body line ``name = ...`` or ``name: T = ...`` binds."""
     small = cu.simple(s)
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
         return small.targets[0].target.value
-    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+    if m.matches(small, m.AnnAssign(target=m.Name())):
         return small.target.value
     return None
 

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod import Codemod as LibCSTCodemod
 from libcst.codemod import CodemodContext
 
@@ -92,7 +93,7 @@ def add_init_assign(module: cst.Module, class_name: str, attr: str, value: str, 
                 if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and "super" in cu.code(small.value.func):
                     at = i + 1
                     break
-                if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)) and i == 0:
+                if i == 0 and m.matches(s, cu.DOCSTRING):
                     at = 1
             body.insert(at, new)
         else:

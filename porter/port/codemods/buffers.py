@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
@@ -80,8 +81,7 @@ def _remember_arguments(func: cst.FunctionDef) -> cst.FunctionDef:
     """``self._hfcheck_init_args = dict(a=a, ...)`` first in ``__init__`` (after a docstring)."""
     params = cu.param_names(func)[1:]
     body = cu.body_of(func)
-    small = cu.simple(body[0]) if body else None
-    at = 1 if isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString)) else 0
+    at = 1 if body and m.matches(body[0], cu.DOCSTRING) else 0
     body.insert(at, cu.stmt(f"self._hfcheck_init_args = dict({', '.join(f'{p}={p}' for p in params)})  # to rebuild it after loading\n"))
     return cu.with_body(func, body)
 

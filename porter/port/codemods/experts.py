@@ -21,6 +21,7 @@ import ast
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.analyzer.remote.ast_helpers import is_call_to as _is_call_to
 from hfcheck.analyzer.remote.checks.moe import counts_experts as _counts_experts
@@ -213,12 +214,12 @@ class ExpertsLayout(Codemod):
             if i == 0:
                 break
             targets, init_value = cu.assign_of(body[i - 1])
-            if not (targets and len(targets) == 1 and isinstance(init_value, cst.Call) and cu.short(cu.call_name(init_value)) in ("zeros_like", "zeros")):
+            if not (targets and len(targets) == 1 and m.matches(init_value, m.Call()) and cu.short(cu.call_name(init_value)) in ("zeros_like", "zeros")):
                 raise Refused("the expert loop is not preceded by `out = torch.zeros_like(x)`")
             out = targets[0]
             loop_vars = cu.names_in(s.target)
-            calls = cu.find_calls(s, lambda c: (isinstance(c.func, cst.Name) and c.func.value in loop_vars)
-                                  or (isinstance(c.func, cst.Subscript) and cu.is_self_attr(c.func.value, attr)))
+            calls = cu.find_calls(s, lambda c: m.matches(c.func, m.Name(m.MatchIfTrue(lambda n: n in loop_vars))
+                                                         | m.Subscript(value=cu.self_attr(attr))))
             if len(calls) != 1 or len(calls[0].args) != 1:
                 raise Refused("the expert loop does not call one expert on one input")
             x_src = cu.code(calls[0].args[0].value)
@@ -281,13 +282,13 @@ class ExpertsLayout(Codemod):
         # callers: self.experts(a, weights, indices) -> self.experts(a, indices, weights)
         index = state.index()
         for block in index.classes:
-            if not any(experts_name in {c.name for c in index.instantiated_classes(block, v)} for v, _, m in block.self_assigns.get("experts", []) if m == "__init__"):
+            if not any(experts_name in {c.name for c in index.instantiated_classes(block, v)} for v, _, method in block.self_assigns.get("experts", []) if method == "__init__"):
                 continue
             module = parse(state, block.file)
             swapped = []
 
             def swap(node):
-                if isinstance(node, cst.Call) and cu.is_self_attr(node.func, "experts"):
+                if m.matches(node, m.Call(func=cu.self_attr("experts"))):
                     args = list(node.args)
                     pos = [i for i, a in enumerate(args) if a.keyword is None and not a.star]
                     if len(pos) >= 3:
@@ -321,22 +322,15 @@ class _Rename(cst.CSTTransformer):
 
 
 def _comparisons(node) -> list[cst.Comparison]:
-    found = []
-
-    class V(cst.CSTVisitor):
-        def visit_Comparison(self, n):
-            if len(n.comparisons) == 1 and isinstance(n.comparisons[0].operator, cst.Equal):
-                found.append(n)
-
-    node.visit(V())
-    return found
+    """Every ``a == b`` under ``node`` (where an expert loop selects its tokens)."""
+    return list(m.findall(node, m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Equal())])))
 
 
 def _blank_before(module: cst.Module, name: str) -> cst.Module:
     """Two blank lines above the new class, and above the class that follows it."""
     body = list(module.body)
     for i, s in enumerate(body):
-        if isinstance(s, cst.ClassDef) and s.name.value == name:
+        if m.matches(s, m.ClassDef(name=m.Name(name))):
             body[i] = s.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             if i + 1 < len(body):
                 nxt = body[i + 1]

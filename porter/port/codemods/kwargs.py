@@ -8,11 +8,10 @@ layer's ``self.self_attn(...)`` and the attention's call of the bound interface 
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
+import libcst.matchers as m
 
-from hfcheck.analyzer.remote.ast_helpers import dispatch_names
+from hfcheck.analyzer.remote.ast_helpers import dispatch_names, layer_loop_names
 from hfcheck.analyzer.remote.roles import auto_map_classes as _auto_map_classes
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
@@ -34,8 +33,8 @@ class KwargsPropagation(Codemod):
             autos = _auto_map_classes(index, state.config)
             for key, cls in autos.items():
                 if key.startswith("AutoModelFor") and cls.name != base.name and "forward" in cls.methods:
-                    inner = {a for a, assigns in cls.self_assigns.items() for v, _, m in assigns
-                             if m == "__init__" and any(c.name == base.name for c in index.instantiated_classes(cls, v))}
+                    inner = {a for a, assigns in cls.self_assigns.items() for v, _, method in assigns
+                             if method == "__init__" and any(c.name == base.name for c in index.instantiated_classes(cls, v))}
                     if inner:
                         hops.append((cls.name, cls.file, _self_call(inner)))
             owner = index.method(base, "forward")
@@ -96,31 +95,16 @@ def _layer_call(list_attrs: set[str], forward_ast, sequential: frozenset[str] = 
     in an ``nn.Sequential`` list a constant index (``self.layers[0](input_ids)``) is its
     embedding or head, which takes no layer kwargs."""
 
-    loop_names: set[str] = set()
-    for node in ast.walk(forward_ast):
-        if isinstance(node, (ast.For, ast.AsyncFor)):
-            attrs = {n.attr for n in ast.walk(node.iter) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
-            if attrs & list_attrs:
-                t = node.target
-                if isinstance(t, ast.Name):
-                    loop_names.add(t.id)
-                elif isinstance(t, ast.Tuple) and t.elts and isinstance(t.elts[-1], ast.Name):
-                    loop_names.add(t.elts[-1].id)
+    loop_names = layer_loop_names(forward_ast, list_attrs)
 
-    def predicate(c: cst.Call) -> bool:
-        if isinstance(c.func, cst.Name) and c.func.value in loop_names:
-            return True
-        if not (isinstance(c.func, cst.Subscript) and any(cu.is_self_attr(c.func.value, a) for a in list_attrs)):
-            return False
-        return not (any(cu.is_self_attr(c.func.value, a) for a in sequential) and _constant_index(c.func))
+    def one_of(names: set[str] | frozenset[str]) -> m.BaseMatcherNode:
+        return m.MatchIfTrue(lambda name: name in names)
 
-    return predicate
+    loop_call = m.Call(func=m.Name(one_of(loop_names)))
+    list_item_call = m.Call(func=m.Subscript(value=cu.self_attr(one_of(list_attrs))))
+    sequential_end = m.Call(func=m.Subscript(value=cu.self_attr(one_of(sequential)), slice=[CONSTANT_INDEX]))
+    return lambda c: m.matches(c, loop_call) or (m.matches(c, list_item_call) and not m.matches(c, sequential_end))
 
 
-def _constant_index(subscript: cst.Subscript) -> bool:
-    if len(subscript.slice) != 1 or not isinstance(subscript.slice[0].slice, cst.Index):
-        return False
-    value = subscript.slice[0].slice.value
-    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
-        value = value.expression
-    return isinstance(value, cst.Integer)
+CONSTANT_INDEX = m.SubscriptElement(slice=m.Index(value=m.Integer() | m.UnaryOperation(operator=m.Minus(), expression=m.Integer())))
+"""``[0]``, ``[-1]``: in an ``nn.Sequential`` layer list, its embedding or its head."""

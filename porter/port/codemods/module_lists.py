@@ -22,6 +22,7 @@ import json
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
@@ -115,7 +116,7 @@ class SingleLayerList(Codemod):
         refused: list[str] = []
 
         def swap(node):
-            if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value in loop_names:
+            if m.matches(node, m.Attribute(value=m.Name(m.MatchIfTrue(lambda name: name in loop_names)))):
                 if node.attr.value in ("forward", "__call__", "training"):
                     return None
                 if node.attr.value in constants:

@@ -15,6 +15,7 @@ import ast
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.analyzer.remote.checks.packed_qkv import PACKED_NAME as _PACKED_NAME
 from hfcheck.porter.port import cstutil as cu
@@ -33,7 +34,7 @@ class PackedQKV(Codemod):
         for _name, (cls, attr) in roles.attention.items():
             if cls.name in observed:
                 continue  # decided on the original's recorded dataflow (codemods/attention.py)
-            linears = {a: v for a, assigns in cls.self_assigns.items() for v, _, m in assigns if m == "__init__" and _is_linear(v)}
+            linears = {a: v for a, assigns in cls.self_assigns.items() for v, _, method in assigns if method == "__init__" and _is_linear(v)}
             if any(re.fullmatch(r"(q|query)(_proj)?", a) for a in linears):
                 continue
             packed = [a for a in linears if _PACKED_NAME.search(a)]
@@ -66,15 +67,15 @@ class PackedQKV(Codemod):
             targets, value = cu.assign_of(s)
             if value is None:
                 continue
-            if proj_at is None and isinstance(value, cst.Call) and cu.is_self_attr(value.func, packed) and targets and len(targets) == 1:
+            if proj_at is None and m.matches(value, m.Call(func=cu.self_attr(packed))) and targets and len(targets) == 1:
                 proj_at, packed_name = i, targets[0]
                 source = cu.code(value.args[0].value) if len(value.args) == 1 and value.args[0].keyword is None else None
                 continue
             chunk = _chunk3(value)
             if chunk is not None and targets and len(targets) == 3:
                 receiver, dim = chunk
-                direct = isinstance(receiver, cst.Call) and cu.is_self_attr(receiver.func, packed)
-                via = packed_name is not None and isinstance(receiver, cst.Name) and receiver.value == packed_name
+                direct = m.matches(receiver, m.Call(func=cu.self_attr(packed)))
+                via = packed_name is not None and m.matches(receiver, m.Name(packed_name))
                 if direct or via:
                     if dim not in ("-1", "2"):
                         raise ValueError(f"the chunks are taken along dim {dim}, not the output features")

@@ -14,6 +14,7 @@ import ast
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
@@ -136,8 +137,8 @@ def _merge(cls: cst.ClassDef, attr: str, entries: dict[str, str]) -> cst.ClassDe
     body = cu.body_of(cls)
     for i, s in enumerate(body):
         small = cu.simple(s)
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name) and small.targets[0].target.value == attr:
-            if isinstance(small.value, cst.Dict):
+        if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name(attr))])):
+            if m.matches(small.value, m.Dict()):
                 body[i] = s.with_changes(body=[small.with_changes(value=_append(small.value, entries))])
                 return cu.with_body(cls, body)
             return cls

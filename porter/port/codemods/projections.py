@@ -11,6 +11,7 @@ Only helpers whose body is a single ``return`` of their parameters are inlined.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.porter.port import cstutil as cu
 from hfcheck.porter.port.codemods.base import Codemod, parse, save
@@ -30,8 +31,8 @@ class InlineProjectionHelpers(Codemod):
         for cls in attention + subclasses:
             if "forward" not in cls.methods:
                 continue
-            linears = {a for c in index.mro(cls) for a, assigns in c.self_assigns.items() for v, _, m in assigns
-                       if m == "__init__" and v.__class__.__name__ == "Call" and getattr(v.func, "attr", getattr(v.func, "id", "")).endswith("Linear")}
+            linears = {a for c in index.mro(cls) for a, assigns in c.self_assigns.items() for v, _, method in assigns
+                       if method == "__init__" and v.__class__.__name__ == "Call" and getattr(v.func, "attr", getattr(v.func, "id", "")).endswith("Linear")}
             helpers = {}
             for c in index.mro(cls):
                 if c.file != cls.file:
@@ -54,7 +55,7 @@ class InlineProjectionHelpers(Codemod):
             inlined: list[str] = []
 
             def inline(node):
-                if not (isinstance(node, cst.Call) and cu.is_self_attr(node.func) and node.func.attr.value in helpers):
+                if not m.matches(node, m.Call(func=cu.self_attr(m.MatchIfTrue(lambda name: name in helpers)))):
                     return None
                 params, body = helpers[node.func.attr.value]
                 args = [a for a in node.args]
@@ -115,18 +116,18 @@ class ActivationModule(Codemod):
             attr = next(a for a in ("act_fn", "activation_fn", "act") if a not in cls.self_assigns)
 
             def swap(node):
-                if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Multiply):
+                if not m.matches(node, m.BinaryOperation(operator=m.Multiply())):
                     return None
                 for side in ("left", "right"):
                     call = getattr(node, side)
-                    if not (isinstance(call, cst.Call) and len(call.args) == 1 and not call.args[0].keyword):
+                    if not m.matches(call, m.Call(args=[m.Arg(keyword=None)])):
                         continue
                     name = cu.dotted(call.func) or ""
                     short = cu.short(name)
                     if short not in ACTIVATIONS or not (name.startswith(("F.", "torch.", "nn.functional.")) or "functional" in name):
                         continue
                     inner = call.args[0].value
-                    if not (isinstance(inner, cst.Call) and cu.is_self_attr(inner.func)):
+                    if not m.matches(inner, m.Call(func=cu.self_attr())):
                         continue
                     if short == "gelu" and any(a.keyword is not None for a in call.args):
                         continue

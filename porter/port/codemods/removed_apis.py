@@ -24,6 +24,7 @@ layers vLLM does not serve through this backend.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.analyzer.remote import removed_apis
 from hfcheck.analyzer.remote.checks.imports import installed as _installed
@@ -138,7 +139,7 @@ class RemovedApis(Codemod):
         return module
 
     def _mask_calls_ok(self, module: cst.Module, local: str) -> bool:
-        calls = cu.find_calls(module, lambda c: isinstance(c.func, cst.Name) and c.func.value == local)
+        calls = cu.find_calls(module, lambda c: m.matches(c.func, m.Name(local)))
         return all(len([a for a in c.args if a.keyword is None]) == 4 and all(a.keyword is None or a.keyword.value == "past_key_values_length" for a in c.args) for c in calls)
 
     def _mask_calls(self, module: cst.Module, locals_: set[str]) -> cst.Module:
@@ -301,7 +302,7 @@ def _drop_flag_blocks(module: cst.Module, flags: set[str]) -> cst.Module:
     """Delete ``if is_torch_fx_available(): ...`` (keeping an ``else`` body); other calls -> False."""
 
     def is_flag(test) -> bool:
-        return isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and test.func.value in flags
+        return m.matches(test, m.Call(func=m.Name(m.MatchIfTrue(lambda name: name in flags))))
 
     class T(cst.CSTTransformer):
         def leave_If(self, original, updated):
@@ -334,8 +335,7 @@ class HeadMask(Codemod):
 
             def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
                 func = updated.func
-                if (isinstance(func, cst.Attribute) and func.attr.value == "get_head_mask" and isinstance(func.value, cst.Name)
-                        and func.value.value == "self" and len(updated.args) >= 2):
+                if m.matches(func, cu.self_attr("get_head_mask")) and len(updated.args) >= 2:
                     self.count += 1
                     n = cu.code(updated.args[1].value)
                     return cst.parse_expression(f"[None] * ({n})")
