@@ -10,11 +10,9 @@ or the reason hfcheck could not analyse the type (not a disagreement: vLLM gets 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +21,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 warnings.filterwarnings("ignore")
 
 import transformers  # noqa: E402
-from common import common_model_types, err, time_limit  # noqa: E402
+from common import err, run_over_types  # noqa: E402
 
 from hfcheck.analyzer.crosscheck import cross_check, installed_vllm_version, summary_line  # noqa: E402
 from hfcheck.analyzer.scan import scan  # noqa: E402
@@ -46,30 +44,15 @@ def one(mt: str) -> dict:
     return {"verdict": report["verdict"], "cross_check": cc}
 
 
+def _line(r: dict) -> str:
+    if "cross_check" in r:
+        return summary_line(r["cross_check"])
+    return r.get("cross_check_error") or f"not analysed: {r.get('analysis_error')}"
+
+
 def main() -> None:
-    types = common_model_types()
-    if "--only" in sys.argv:
-        types = sys.argv[sys.argv.index("--only") + 1].split(",")
-    result: dict = {"_meta": {"side": "cross_check", "vllm": installed_vllm_version(), "transformers": transformers.__version__}}
-    t0 = time.time()
-    for mt in types:
-        t = time.time()
-        try:
-            with time_limit(180):
-                result[mt] = one(mt)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            result[mt] = {"cross_check_error": err(exc)}
-        result[mt]["seconds"] = round(time.time() - t, 2)
-        r = result[mt]
-        line = summary_line(r["cross_check"]) if "cross_check" in r else (r.get("cross_check_error") or f"not analysed: {r.get('analysis_error')}")
-        print(f"{mt:32s} {r['seconds']:6.2f}s {line}", flush=True)
-    result["_meta"]["seconds"] = round(time.time() - t0, 1)
-    out = os.environ.get("CROSSCHECK_OUT", "/tmp/crosscheck_atlas.json")
-    with open(out, "w") as fh:
-        json.dump(result, fh, indent=1, sort_keys=True, default=str)
-    print("wrote", out, "in", result["_meta"]["seconds"], "s")
+    meta = {"side": "cross_check", "vllm": installed_vllm_version(), "transformers": transformers.__version__}
+    run_over_types(one, meta, "/tmp/crosscheck_atlas.json", seconds=180, error_key="cross_check_error", describe=_line)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,12 @@ Both sides must build exactly the same cut model: the cut is hfcheck's, analyzer
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 
@@ -74,3 +78,32 @@ def build_cut_model(mt: str, attn_impl: str):
                 raise
             info["cut_error"] = err(exc)  # retry with every layer
     raise AssertionError("unreachable")
+
+
+def run_over_types(one: Callable[[str], dict], meta: dict, default_out: str, *, seconds: int = 120, error_key: str = "error",
+                   describe: Callable[[dict], str] | None = None) -> None:
+    """Each side's loop: ``one(model_type)`` for every common type (``--only a,b``: those),
+    each under a time limit, its failure recorded under ``error_key``; one progress line per
+    type; the whole written as JSON to $CROSSCHECK_OUT (else ``default_out``)."""
+    types = common_model_types()
+    if "--only" in sys.argv:
+        types = sys.argv[sys.argv.index("--only") + 1].split(",")
+    result: dict = {"_meta": meta}
+    t0 = time.time()
+    for mt in types:
+        t = time.time()
+        try:
+            with time_limit(seconds):
+                result[mt] = one(mt)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            result[mt] = {error_key: err(exc)}
+        result[mt]["seconds"] = round(time.time() - t, 2)
+        line = describe(result[mt]) if describe else (result[mt].get(error_key) or "")
+        print(f"{mt:32s} {result[mt]['seconds']:6.2f}s {line}", flush=True)
+    result["_meta"]["seconds"] = round(time.time() - t0, 1)
+    out = os.environ.get("CROSSCHECK_OUT", default_out)
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True, default=str)
+    print("wrote", out, "in", result["_meta"]["seconds"], "s")

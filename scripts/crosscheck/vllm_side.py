@@ -8,11 +8,9 @@ Writes /tmp/crosscheck_vllm.json.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -21,7 +19,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from common import build_cut_model, common_model_types, err, time_limit  # noqa: E402
+from common import build_cut_model, err, run_over_types  # noqa: E402
 
 from hfcheck.analyzer.crosscheck import (  # noqa: E402
     ask_fusers,
@@ -76,27 +74,7 @@ def one(mt: str) -> dict:
 
 
 def main() -> None:
-    types = common_model_types()
-    if "--only" in sys.argv:
-        types = sys.argv[sys.argv.index("--only") + 1].split(",")
-    result = {"_meta": {"side": "vllm", "vllm": VLLM.vllm.__version__, "transformers": transformers.__version__, "torch": torch.__version__}}
-    t0 = time.time()
-    for mt in types:
-        t = time.time()
-        try:
-            with time_limit(120):
-                result[mt] = one(mt)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            result[mt] = {"error": err(exc)}
-        result[mt]["seconds"] = round(time.time() - t, 2)
-        print(f"{mt:32s} {result[mt]['seconds']:6.2f}s {result[mt]['error'] or ''}", flush=True)
-    result["_meta"]["seconds"] = round(time.time() - t0, 1)
-    out = os.environ.get("CROSSCHECK_OUT", "/tmp/crosscheck_vllm.json")
-    with open(out, "w") as fh:
-        json.dump(result, fh, indent=1, sort_keys=True)
-    print("wrote", out, "in", result["_meta"]["seconds"], "s")
+    run_over_types(one, {"side": "vllm", "vllm": VLLM.vllm.__version__, "transformers": transformers.__version__, "torch": torch.__version__}, "/tmp/crosscheck_vllm.json")
 
 
 if __name__ == "__main__":
