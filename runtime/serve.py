@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.sources import SourceError, read_json_object
 from hfcheck.analyzer.sources.processor_files import tokenizer_needs_remote_code
 from hfcheck.environments import EnvError
 from hfcheck.isolation import private_root
@@ -250,11 +251,9 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
     if not config_path.is_file():
         raise ServeError(f"{model_dir}: no config.json")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ServeError(f"{config_path}: not JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ServeError(f"{config_path}: not a JSON object")
+        config = read_json_object(config_path, str(config_path))  # sources' reading: the same one-line errors as scan's
+    except SourceError as exc:
+        raise ServeError(str(exc)) from None
     png = None
     if image is not None:
         try:

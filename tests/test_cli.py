@@ -83,6 +83,20 @@ def test_garbage_config(tmp_path):
     _assert_tool_error(hfcheck("scan", str(tmp_path / "m"), tmp_path=tmp_path), "config.json")
 
 
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '"a string"'])
+def test_a_broken_config_reads_the_same_for_scan_port_verify_and_serve(tmp_path, text):
+    """config.json is read in one place (sources): every command says the same one line."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(text)
+    lines = set()
+    for command in (["scan"], ["verify"], ["serve"], ["port", "--out", str(tmp_path / "out")]):
+        run = hfcheck(command[0], str(tmp_path / "m"), *command[1:], tmp_path=tmp_path)
+        _assert_tool_error(run, "config.json: ")
+        lines.add(run.stderr.strip())
+    assert len(lines) == 1, lines
+    assert not (tmp_path / "out").exists()
+
+
 def test_folder_without_config(tmp_path):
     (tmp_path / "empty").mkdir()
     _assert_tool_error(hfcheck("scan", str(tmp_path / "empty"), tmp_path=tmp_path), "no config.json")

@@ -13,12 +13,12 @@ or executed. Every failure the user can cause is a ``SourceError`` whose text is
 """
 from __future__ import annotations
 
-from ._base import ModelSource, SourceError
+from ._base import ModelSource, SourceError, read_json_object
 from .bundled import bundled_repo_ids
 from .hub import HubSession, hub_fetcher, resolve_hub
 from .local import expand, looks_like_path, not_a_folder_message, resolve_local
 
-__all__ = ["ModelSource", "SourceError", "bundled_repo_ids", "resolve"]
+__all__ = ["ModelSource", "SourceError", "bundled_repo_ids", "read_json_object", "resolve"]
 
 
 def resolve(ref: str) -> ModelSource:
