@@ -26,6 +26,7 @@ import ast
 import re
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.analyzer.remote.ast_helpers import attention_by_hand, dispatch_names
 from hfcheck.analyzer.remote.index import CodeIndex
@@ -74,6 +75,10 @@ HEAD_COUNTS = {"num_heads", "num_attention_heads", "num_key_value_heads", "num_k
                "num_attention_heads_per_partition", "num_multi_query_groups_per_partition"}
 WHY_DISPATCH = "vLLM serves attention only through ALL_ATTENTION_FUNCTIONS; a layer computing it itself is refused at load"
 
+
+TRUE = m.Name("True")
+NAME_IS_NOT_NONE = m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))])
+"""``if mask is not None:``, the guard of a mask branch."""
 
 class Refused(Exception):
     pass
@@ -451,7 +456,7 @@ class AttentionInterface(Codemod):
         done: list[str] = []
 
         def swap(node):
-            if not (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("view", "reshape")):
+            if not m.matches(node, m.Call(func=m.Attribute(attr=m.Name("view") | m.Name("reshape")))):
                 return None
             heads = [i for i, a in enumerate(node.args) if cu.is_self_attr(a.value) and a.value.attr.value in HEAD_COUNTS]
             if len(heads) != 1 or any(cu.code(a.value).strip() == "-1" for a in node.args):
@@ -556,7 +561,7 @@ class AttentionInterface(Codemod):
             dropout = cu.arg(call, 4, "dropout_p")
             causal = cu.arg(call, 5, "is_causal")
             scale = cu.arg(call, 99, "scale")
-            causal_true = isinstance(causal, cst.Name) and causal.value == "True"
+            causal_true = m.matches(causal, TRUE)
             if mask is None and not causal_true:
                 raise Refused("scaled_dot_product_attention without a mask and without is_causal=True is bidirectional attention")
             if mask is not None and causal_true:
@@ -566,10 +571,10 @@ class AttentionInterface(Codemod):
             dropout = cu.arg(call, 3, "dropout_p")
             scale = cu.arg(call, 4, "softmax_scale")
             causal = cu.arg(call, 5, "causal")
-            if not (isinstance(causal, cst.Name) and causal.value == "True"):
+            if not m.matches(causal, TRUE):
                 raise Refused(f"{name}(...) without causal=True (bidirectional or windowed flash attention)")
             layout, mask_src = "bshd", "None"
-        scale_src = cu.code(scale) if scale is not None and not (isinstance(scale, cst.Name) and scale.value == "None") else None
+        scale_src = cu.code(scale) if scale is not None and not m.matches(scale, m.Name("None")) else None
         drop_src = cu.code(dropout) if dropout is not None else None
         if drop_src is not None and re.fullmatch(r"0(\.0*)?", drop_src):
             drop_src = None
@@ -622,11 +627,10 @@ class AttentionInterface(Codemod):
 
     def _mask_if(self, s: cst.If, derived: set[str], mask: str | None) -> str | None:
         body = cu.body_of(s)
-        if body and all(isinstance(cu.simple(b), cst.Raise) for b in body) and s.orelse is None:
+        if body and all(m.matches(b, m.SimpleStatementLine(body=[m.Raise()])) for b in body) and s.orelse is None:
             return mask  # a shape check
         test = s.test
-        if not (isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and len(test.comparisons) == 1
-                and isinstance(test.comparisons[0].operator, cst.IsNot) and cu.code(test.comparisons[0].comparator) == "None") or s.orelse is not None:
+        if not m.matches(test, NAME_IS_NOT_NONE) or s.orelse is not None:
             raise Refused(f"unrecognised condition between QK^T and the value product: `if {cu.code(test)}:`")
         name = test.left.value
         aliases = {name}
@@ -650,7 +654,7 @@ class AttentionInterface(Codemod):
 
     def _eager_name(self, module: cst.Module) -> str:
         for s in module.body:
-            if isinstance(s, cst.FunctionDef) and s.name.value == "eager_attention_forward":
+            if m.matches(s, m.FunctionDef(name=m.Name("eager_attention_forward"))):
                 params = cu.param_names(s)
                 return "eager_attention_forward" if len(params) >= 5 else "_eager_attention_forward_port"
         return "eager_attention_forward"
@@ -666,7 +670,7 @@ class AttentionInterface(Codemod):
                 if targets and len(targets) == 1 and isinstance(value, cst.Dict) and value.elements:
                     entries = {}
                     for el in value.elements:
-                        if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and isinstance(el.value, cst.Name):
+                        if m.matches(el, m.DictElement(key=m.SimpleString(), value=m.Name())):
                             entries[el.key.evaluated_value] = el.value.value
                     if entries and set(entries.values()) & ported and len(entries) == len(value.elements):
                         tables[targets[0]] = entries.get("eager") or next(iter(entries.values()))
@@ -675,7 +679,7 @@ class AttentionInterface(Codemod):
             changed: list[tuple[str, str]] = []
 
             def swap(node):
-                if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value in tables and "_attn_implementation" in cu.code(node.slice[0]):
+                if m.matches(node, m.Subscript(value=m.Name(m.MatchIfTrue(lambda name: name in tables)))) and "_attn_implementation" in cu.code(node.slice[0]):
                     changed.append((node.value.value, tables[node.value.value]))
                     return cst.Name(tables[node.value.value])
                 return None
