@@ -6,7 +6,7 @@ imported it loads hfcheck's fence by path (``job["fence"]``) and raises it: no n
 processes, no writes outside ROOT.
 
 It reads ``ROOT/job.json`` and writes ``ROOT/result.json`` (observations) and
-``ROOT/tensors.safetensors`` (or ``tensors.pt``):
+``ROOT/tensors.safetensors``:
 
 - builds the original model from the staged package (``ROOT/orig/<package>``) with the job's
   config at float32, fills every parameter with seeded random values (or, in ``checkpoint``
@@ -23,6 +23,7 @@ It reads ``ROOT/job.json`` and writes ``ROOT/result.json`` (observations) and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -286,216 +287,369 @@ def _tracer(package_dir: str, lines: dict, on_line=None):
     return global_
 
 
-def main() -> None:
-    root = os.path.realpath(sys.argv[-1])
+@dataclasses.dataclass
+class _Run:
+    """What the steps of one reference run share: the job, the fence and what they observed."""
+
+    root: str
+    job: dict
+    fence: object
+    result: dict
+    tensors: dict = dataclasses.field(default_factory=dict)
+    stage: str = "importing torch and transformers"  # the step under way: an error names it
+    shims: object = None
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @property
+    def package_dir(self) -> str:
+        """Where the staged remote package lives: its frames and lines are reported relative to it."""
+        return os.path.join(self.root, "orig", PACKAGE)
+
+
+@dataclasses.dataclass
+class _Watch:
+    """What observes the forward pass: the decoder layers' outputs, the module calls, the hooks."""
+
+    layers: tuple | None = None
+    hidden: dict = dataclasses.field(default_factory=dict)
+    calls: list = dataclasses.field(default_factory=list)
+    hooks: list = dataclasses.field(default_factory=list)
+    recorder: object = None
+    mode: object = dataclasses.field(default_factory=contextlib.nullcontext)
+
+
+def _read_job(root: str) -> dict:
+    """The parent's job (hfcheck.isolation.jobs names the same file; it cannot be imported here)."""
     with open(os.path.join(root, "job.json"), encoding="utf-8") as f:
-        job = json.load(f)
+        return json.load(f)
+
+
+def _raise_fence(root: str, job: dict):
+    """hfcheck's fence, loaded by path and raised before any remote code is imported."""
     fence_mod = _load_fence(job["fence"])
-    fence = fence_mod.install(root, job.get("cpu_seconds", 600))
-    result = {"error": None, "stages": {}, "blocked": fence.blocked}
-    tensors = {}
-    stage = "importing torch and transformers"
-    package_dir = os.path.join(root, "orig", PACKAGE)
-    t_start = time.perf_counter()
-    shims = None
+    return fence_mod.install(root, job.get("cpu_seconds", 600))
+
+
+def _import_torch(run: _Run):
+    """torch and transformers seeded and threaded as the job says; the staged package on the path."""
+    import torch
+    import transformers
+
+    torch.manual_seed(run.job.get("seed", 0))
+    torch.set_num_threads(max(1, int(run.job.get("threads", 1))))
+    run.result["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
+    sys.path.insert(0, os.path.join(run.root, "orig"))
+    if run.job.get("gpu_shims"):  # an original that only constructs on a GPU machine (gpu_shims.py)
+        run.shims = _load_by_path("gpu_shims.py", "hfcheck_gpu_shims")
+        run.shims.install(torch, run.package_dir, run.job["gpu_shims"])
+    return torch
+
+
+def _local_ref(ref: str) -> tuple[str, str]:
+    """(module, class) of an auto_map entry, without the ``repo--`` prefix of code kept elsewhere."""
+    body = ref.partition("--")[2] if "--" in ref else ref
+    module, _, cls = body.rpartition(".")
+    return module, cls
+
+
+def _import_remote(run: _Run):
+    """The original's config and model classes, imported from the staged package."""
+    auto_map = run.job["auto_map"]
+    run.stage = "importing the remote code"
+    cfg_mod, cfg_name = _local_ref(auto_map["AutoConfig"])
+    cfg_cls = getattr(importlib.import_module(f"{PACKAGE}.{cfg_mod}"), cfg_name)
+    mod_name, cls_name = _local_ref(auto_map[run.job["model_key"]])
+    model_cls = getattr(importlib.import_module(f"{PACKAGE}.{mod_name}"), cls_name)
+    run.result["classes"] = {"config": f"{cfg_mod}.{cfg_name}", "model": f"{mod_name}.{cls_name}"}
+    return cfg_cls, model_cls
+
+
+def _report_full_size(run: _Run, torch, cfg_cls, model_cls) -> None:
+    """The full-size model's real shapes and ties, built on the meta device; a failure is reported."""
+    run.stage = "building the full-size model on the meta device"
     try:
-        import torch
-        import transformers
+        meta_cfg = cfg_cls.from_dict(dict(run.job["meta_config"]))
+        with empty_weights(torch):
+            meta = model_cls(meta_cfg)
+        run.result["meta_params"] = {n: list(p.shape) for n, p in meta.named_parameters()}
+        run.result["meta_tied"] = _tied_pairs(meta)
+        del meta
+    except Exception as exc:  # noqa: BLE001 - reported, the proof goes on without it
+        run.result["meta_error"] = _first_line(exc)
 
-        torch.manual_seed(job.get("seed", 0))
-        torch.set_num_threads(max(1, int(job.get("threads", 1))))
-        result["versions"] = {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__}
-        sys.path.insert(0, os.path.join(root, "orig"))
-        if job.get("gpu_shims"):  # an original that only constructs on a GPU machine (gpu_shims.py)
-            shims = _load_by_path("gpu_shims.py", "hfcheck_gpu_shims")
-            shims.install(torch, package_dir, job["gpu_shims"])
+
+def _job_config(job: dict, cfg_cls):
+    """The original's config from the job's values, with the attention implementation it names."""
+    cfg = cfg_cls.from_dict(dict(job["config"]))
+    for attr in ("_attn_implementation", "attn_implementation"):
+        if job.get("attn_implementation") and hasattr(cfg, attr):
+            try:
+                setattr(cfg, attr, job["attn_implementation"])
+            except Exception:  # noqa: BLE001, S110 - read-only on some releases
+                pass
+    return cfg
+
+
+def _build_model(run: _Run, torch, cfg_cls, model_cls):
+    """(config, model): float32, or with meta parameters that a checkpoint will assign."""
+    run.stage = "building the original model"
+    cfg = _job_config(run.job, cfg_cls)
+    if run.job["mode"] == "checkpoint":
+        with empty_weights(torch, params_only=True):
+            model = model_cls(cfg)
+        model = model.eval()
+    else:
+        model = model_cls(cfg).float().eval()
+    return cfg, model
+
+
+def _record_module_tree(run: _Run, torch, cfg, model) -> None:
+    """The config as the original left it, its module tree and its tied parameters."""
+    run.result["config_after"] = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool, type(None), list, dict))}
+    run.result["modules"] = describe_modules(model, torch)
+    run.result["tied"] = _tied_pairs(model)
+
+
+def _load_checkpoint(run: _Run, torch, model) -> None:
+    """The checkpoint's real tensors, truncated to the model; every parameter must be there."""
+    run.stage = "loading the checkpoint tensors"
+    state, missing = checkpoint_state(model, run.job["checkpoint"]["dir"], torch, [tuple(m) for m in run.job["checkpoint"].get("moved") or []])
+    params = {n for n, _ in model.named_parameters()}
+    absent = [k for k in missing if k in params]
+    if absent:
+        raise ValueError(f"the checkpoint lacks {len(absent)} parameter(s) of the model, e.g. {absent[:3]}")
+    model.load_state_dict(state, strict=False, assign=True)
+    model.float()
+    run.result["checkpoint_missing"] = missing
+
+
+def _fill_random(run: _Run, torch, model) -> None:
+    """Seeded random weights, also saved as ``state.*`` tensors for the port to load."""
+    run.stage = "filling random weights"
+    state = _random_state(model, int(run.job.get("seed", 0)), torch)
+    model.load_state_dict(state, strict=True)
+    for key, value in state.items():
+        run.tensors[f"state.{key}"] = value.contiguous()
+
+
+def _watch_layers(run: _Run, torch, model, watch: _Watch) -> None:
+    """Find the decoder layers and keep each one's output, for the layer-by-layer comparison."""
+    watch.layers = layers = _decoder_layers(model, torch, int(run.job.get("num_layers", 0)))
+    if layers is None:
+        return
+    run.result["layers_path"] = layers[0]
+    if layers[2]:
+        run.result["layers_offset"] = layers[2]
+    hidden = watch.hidden
+    for i, layer in enumerate(layers[1]):
+        def keep(_m, _inp, out, i=i):
+            value = out[0] if isinstance(out, (tuple, list)) else out
+            if isinstance(value, torch.Tensor):
+                hidden[i] = value.detach().clone()
+        watch.hooks.append(layer.register_forward_hook(keep))
+
+
+def _watch_calls(torch, model, watch: _Watch) -> None:
+    """Record the order in which modules are called, with their input shapes."""
+    names = {id(m): n for n, m in model.named_modules()}
+    calls = watch.calls
+
+    def record(module, inputs):
+        shapes = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
+        calls.append({"name": names.get(id(module), "?"), "inputs": shapes})
+
+    watch.hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(record))
+
+
+def _watch_dataflow(run: _Run, torch, model, watch: _Watch) -> None:
+    """Record the first decoder layer's dataflow (record.py); without it the port uses patterns."""
+    first_layer = watch.layers[1][0] if watch.layers is not None else _repeated_block(model, int(run.job.get("num_layers", 0)))
+    if first_layer is not None and run.job.get("dataflow", True):
+        try:
+            watch.recorder = _load_by_path("record.py", "hfcheck_ref_record").DataflowRecorder(torch, run.package_dir)
+            watch.mode, more = watch.recorder.attach(model, first_layer)
+            watch.hooks.extend(more)
+        except Exception as exc:  # noqa: BLE001 - the run goes on without a dataflow (the port falls back to patterns)
+            watch.recorder, watch.mode = None, contextlib.nullcontext()
+            run.result["dataflow_error"] = _first_line(exc)
+
+
+def _watch_forward(run: _Run, torch, model) -> _Watch:
+    """Everything that observes the forward pass, attached before it runs."""
+    watch = _Watch()
+    _watch_layers(run, torch, model, watch)
+    _watch_calls(torch, model, watch)
+    _watch_dataflow(run, torch, model, watch)
+    return watch
+
+
+def _traced_forward(run: _Run, torch, model, ids, watch: _Watch):
+    """(output, executed lines) of the forward pass under the line tracer; the hooks come off after."""
+    run.stage = "running the original forward pass"
+    lines: dict = {}
+    tracer = _tracer(run.package_dir, lines, watch.recorder.on_line if watch.recorder is not None else None)
+    t0 = time.perf_counter()
+    sys.settrace(tracer)
+    try:
+        with torch.no_grad(), watch.mode:
+            try:
+                out = model(input_ids=ids, use_cache=False)
+            except TypeError:
+                out = model(input_ids=ids)
+    finally:
+        sys.settrace(None)
+        for h in watch.hooks:
+            h.remove()
+    run.result["stages"]["forward_s"] = round(time.perf_counter() - t0, 3)
+    return out, lines
+
+
+def _record_forward(run: _Run, out, watch: _Watch, lines: dict) -> None:
+    """The forward's observations: dataflow, logits, layer outputs, module calls, executed lines."""
+    if watch.recorder is not None:
+        run.result["dataflow"], values = watch.recorder.result()
+        run.tensors.update(values)
+    logits = _output(out)
+    run.tensors["logits"] = logits.detach().float().contiguous()
+    for i, value in watch.hidden.items():
+        run.tensors[f"hidden.{i}"] = value.float().contiguous()
+    run.result["calls"] = watch.calls[:5000]
+    run.result["executed_lines"] = {os.path.relpath(f, run.package_dir): sorted(v) for f, v in lines.items()}
+
+
+def _has_attention_interface(model) -> bool:
+    """Code of the attention-interface era, which can run with more than one implementation."""
+    return hasattr(model.config, "_attn_implementation") and getattr(model, "_supports_sdpa", None) is not None
+
+
+def _run_each_attention(run: _Run, torch, model, ids) -> None:
+    """The reference logits for each attention implementation the code has, then its default back."""
+    run.stage = "running the original with each attention implementation"
+    run.result["attn_default"] = model.config._attn_implementation
+    for impl in ("eager", "sdpa"):
+        try:
+            if hasattr(model, "set_attn_implementation"):
+                model.set_attn_implementation(impl)
+            else:
+                model.config._attn_implementation = impl
+            with torch.no_grad():
+                run.tensors[f"logits.{impl}"] = _output(model(input_ids=ids, use_cache=False)).detach().float().contiguous()
+        except Exception as exc:  # noqa: BLE001 - an implementation the code does not have
+            run.result.setdefault("attn_unavailable", {})[impl] = _first_line(exc)
+    model.config._attn_implementation = run.result["attn_default"]
+
+
+def _greedy_without_cache(run: _Run, torch, model, ids) -> None:
+    """Greedy tokens from full forward passes, no cache: what the cached generate should give."""
+    run.stage = "greedy decoding without a cache"
+    seq = ids[:1]
+    with torch.no_grad():
+        for _ in range(int(run.job["generate_tokens"])):
+            try:
+                step = _output(model(input_ids=seq, use_cache=False))
+            except TypeError:
+                step = _output(model(input_ids=seq))
+            seq = torch.cat([seq, step[:, -1:].argmax(-1)], dim=1)
+    run.result["greedy_no_cache"] = [int(t) for t in seq[0, ids.shape[1]:].tolist()]
+
+
+def _clear_eos(model) -> None:
+    """No EOS in the generation config: 4.x reads eos_token_id=None as "the config's", greedy has none."""
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.eos_token_id = None
+        if hasattr(generation, "forced_eos_token_id"):
+            generation.forced_eos_token_id = None
+
+
+def _generate_with_cache(run: _Run, torch, model, ids) -> None:
+    """A short greedy generate with the original's own cache; a failure is reported, not fatal."""
+    run.stage = "generating with the original's cache"
+    _clear_eos(model)
+    try:
+        with torch.no_grad():
+            gen = model.generate(ids[:1], max_new_tokens=int(run.job["generate_tokens"]), do_sample=False, num_beams=1,
+                                 pad_token_id=0, eos_token_id=None, use_cache=True)
+        run.result["generated"] = [int(t) for t in gen[0, ids.shape[1]:].tolist()]
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        run.result["generate_error"] = _first_line(exc)
+        where = _remote_frame(exc, run.package_dir)
+        if where:
+            run.result["generate_error_at"] = where
+
+
+def _record_error(run: _Run, exc: BaseException) -> None:
+    """What the remote code raised, as the result: the step, the remote line and the traceback."""
+    run.result["error"] = f"{run.stage}: {_first_line(exc)}"
+    where = _remote_frame(exc, run.package_dir)
+    if where:
+        run.result["error_at"] = where
+    run.result["traceback"] = traceback.format_exc()[-3000:]
+
+
+def _finish(run: _Run) -> None:
+    """The run's time and the GPU shims' report; the fence lowered for the child's own writes."""
+    run.result["seconds"] = round(time.perf_counter() - run.t_start, 3)
+    if run.shims is not None:
+        run.result["gpu_shims"] = run.shims.report()
+    run.fence.strict = False
+
+
+def _save_tensors(run: _Run) -> None:
+    """The observed tensors as safetensors; a failure to save is the error if there is none yet."""
+    if not run.tensors:
+        return
+    try:
+        from safetensors.torch import save_file
+
+        save_file(run.tensors, os.path.join(run.root, "tensors.safetensors"))
+    except Exception as exc:  # noqa: BLE001
+        run.result["error"] = run.result["error"] or f"saving the tensors: {_first_line(exc)}"
+
+
+def _write_result(run: _Run) -> None:
+    """The observations for the parent (hfcheck.isolation.jobs names the same file)."""
+    with open(os.path.join(run.root, "result.json"), "w", encoding="utf-8") as f:
+        json.dump(run.result, f, default=str)
+
+
+def main() -> None:
+    """The reference run, step by step; whatever fails is recorded, and result.json is always written."""
+    root = os.path.realpath(sys.argv[-1])
+    job = _read_job(root)
+    fence = _raise_fence(root, job)
+    run = _Run(root, job, fence, {"error": None, "stages": {}, "blocked": fence.blocked})
+    try:
+        torch = _import_torch(run)
         fence.strict = True  # from here on, remote code runs
-
-        def local(ref: str):
-            body = ref.partition("--")[2] if "--" in ref else ref
-            module, _, cls = body.rpartition(".")
-            return module, cls
-
-        auto_map = job["auto_map"]
-        stage = "importing the remote code"
-        cfg_mod, cfg_name = local(auto_map["AutoConfig"])
-        cfg_cls = getattr(importlib.import_module(f"{PACKAGE}.{cfg_mod}"), cfg_name)
-        mod_name, cls_name = local(auto_map[job["model_key"]])
-        model_cls = getattr(importlib.import_module(f"{PACKAGE}.{mod_name}"), cls_name)
-        result["classes"] = {"config": f"{cfg_mod}.{cfg_name}", "model": f"{mod_name}.{cls_name}"}
+        cfg_cls, model_cls = _import_remote(run)
         if job.get("import_only"):
             raise SystemExit(0)
-
         if job.get("meta_config"):
-            stage = "building the full-size model on the meta device"
-            try:
-                meta_cfg = cfg_cls.from_dict(dict(job["meta_config"]))
-                with empty_weights(torch):
-                    meta = model_cls(meta_cfg)
-                result["meta_params"] = {n: list(p.shape) for n, p in meta.named_parameters()}
-                result["meta_tied"] = _tied_pairs(meta)
-                del meta
-            except Exception as exc:  # noqa: BLE001 - reported, the proof goes on without it
-                result["meta_error"] = _first_line(exc)
-
-        stage = "building the original model"
-        cfg = cfg_cls.from_dict(dict(job["config"]))
-        for attr in ("_attn_implementation", "attn_implementation"):
-            if job.get("attn_implementation") and hasattr(cfg, attr):
-                try:
-                    setattr(cfg, attr, job["attn_implementation"])
-                except Exception:  # noqa: BLE001, S110 - read-only on some releases
-                    pass
+            _report_full_size(run, torch, cfg_cls, model_cls)
+        cfg, model = _build_model(run, torch, cfg_cls, model_cls)
+        _record_module_tree(run, torch, cfg, model)
         if job["mode"] == "checkpoint":
-            with empty_weights(torch, params_only=True):
-                model = model_cls(cfg)
-            model = model.eval()
+            _load_checkpoint(run, torch, model)
         else:
-            model = model_cls(cfg).float().eval()
-        result["config_after"] = {k: v for k, v in cfg.to_dict().items() if isinstance(v, (int, float, str, bool, type(None), list, dict))}
-        result["modules"] = describe_modules(model, torch)
-        result["tied"] = _tied_pairs(model)
-
-        if job["mode"] == "checkpoint":
-            stage = "loading the checkpoint tensors"
-            state, missing = checkpoint_state(model, job["checkpoint"]["dir"], torch, [tuple(m) for m in job["checkpoint"].get("moved") or []])
-            params = {n for n, _ in model.named_parameters()}
-            absent = [k for k in missing if k in params]
-            if absent:
-                raise ValueError(f"the checkpoint lacks {len(absent)} parameter(s) of the model, e.g. {absent[:3]}")
-            model.load_state_dict(state, strict=False, assign=True)
-            model.float()
-            result["checkpoint_missing"] = missing
-        else:
-            stage = "filling random weights"
-            state = _random_state(model, int(job.get("seed", 0)), torch)
-            model.load_state_dict(state, strict=True)
-            for key, value in state.items():
-                tensors[f"state.{key}"] = value.contiguous()
-        del state
-
+            _fill_random(run, torch, model)
         ids = torch.tensor(job["input_ids"], dtype=torch.long)
-        layers = _decoder_layers(model, torch, int(job.get("num_layers", 0)))
-        hidden = {}
-        calls = []
-        hooks = []
-        if layers is not None:
-            result["layers_path"] = layers[0]
-            if layers[2]:
-                result["layers_offset"] = layers[2]
-            for i, layer in enumerate(layers[1]):
-                def keep(_m, _inp, out, i=i):
-                    value = out[0] if isinstance(out, (tuple, list)) else out
-                    if isinstance(value, torch.Tensor):
-                        hidden[i] = value.detach().clone()
-                hooks.append(layer.register_forward_hook(keep))
-        names = {id(m): n for n, m in model.named_modules()}
-
-        def record(module, inputs):
-            shapes = [list(x.shape) for x in inputs if isinstance(x, torch.Tensor)]
-            calls.append({"name": names.get(id(module), "?"), "inputs": shapes})
-
-        hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(record))
-        recorder, mode = None, contextlib.nullcontext()
-        first_layer = layers[1][0] if layers is not None else _repeated_block(model, int(job.get("num_layers", 0)))
-        if first_layer is not None and job.get("dataflow", True):
-            try:
-                recorder = _load_by_path("record.py", "hfcheck_ref_record").DataflowRecorder(torch, package_dir)
-                mode, more = recorder.attach(model, first_layer)
-                hooks.extend(more)
-            except Exception as exc:  # noqa: BLE001 - the run goes on without a dataflow (the port falls back to patterns)
-                recorder, mode = None, contextlib.nullcontext()
-                result["dataflow_error"] = _first_line(exc)
-        stage = "running the original forward pass"
-        lines: dict = {}
-        tracer = _tracer(package_dir, lines, recorder.on_line if recorder is not None else None)
-        t0 = time.perf_counter()
-        sys.settrace(tracer)
-        try:
-            with torch.no_grad(), mode:
-                try:
-                    out = model(input_ids=ids, use_cache=False)
-                except TypeError:
-                    out = model(input_ids=ids)
-        finally:
-            sys.settrace(None)
-            for h in hooks:
-                h.remove()
-        result["stages"]["forward_s"] = round(time.perf_counter() - t0, 3)
-        if recorder is not None:
-            result["dataflow"], values = recorder.result()
-            tensors.update(values)
-        logits = _output(out)
-        tensors["logits"] = logits.detach().float().contiguous()
-        for i, value in hidden.items():
-            tensors[f"hidden.{i}"] = value.float().contiguous()
-        result["calls"] = calls[:5000]
-        result["executed_lines"] = {os.path.relpath(f, package_dir): sorted(v) for f, v in lines.items()}
-        if hasattr(model.config, "_attn_implementation") and getattr(model, "_supports_sdpa", None) is not None:
-            # code of the attention-interface era: the reference for each implementation it has
-            stage = "running the original with each attention implementation"
-            result["attn_default"] = model.config._attn_implementation
-            for impl in ("eager", "sdpa"):
-                try:
-                    if hasattr(model, "set_attn_implementation"):
-                        model.set_attn_implementation(impl)
-                    else:
-                        model.config._attn_implementation = impl
-                    with torch.no_grad():
-                        tensors[f"logits.{impl}"] = _output(model(input_ids=ids, use_cache=False)).detach().float().contiguous()
-                except Exception as exc:  # noqa: BLE001 - an implementation the code does not have
-                    result.setdefault("attn_unavailable", {})[impl] = _first_line(exc)
-            model.config._attn_implementation = result["attn_default"]
-
+        watch = _watch_forward(run, torch, model)
+        out, lines = _traced_forward(run, torch, model, ids, watch)
+        _record_forward(run, out, watch, lines)
+        if _has_attention_interface(model):
+            _run_each_attention(run, torch, model, ids)
         if job.get("generate_tokens"):
-            stage = "greedy decoding without a cache"
-            seq = ids[:1]
-            with torch.no_grad():
-                for _ in range(int(job["generate_tokens"])):
-                    try:
-                        step = _output(model(input_ids=seq, use_cache=False))
-                    except TypeError:
-                        step = _output(model(input_ids=seq))
-                    seq = torch.cat([seq, step[:, -1:].argmax(-1)], dim=1)
-            result["greedy_no_cache"] = [int(t) for t in seq[0, ids.shape[1]:].tolist()]
-            stage = "generating with the original's cache"
-            generation = getattr(model, "generation_config", None)
-            if generation is not None:  # 4.x reads eos_token_id=None as "the generation config's": stop at no EOS, as above
-                generation.eos_token_id = None
-                if hasattr(generation, "forced_eos_token_id"):
-                    generation.forced_eos_token_id = None
-            try:
-                with torch.no_grad():
-                    gen = model.generate(ids[:1], max_new_tokens=int(job["generate_tokens"]), do_sample=False, num_beams=1,
-                                         pad_token_id=0, eos_token_id=None, use_cache=True)
-                result["generated"] = [int(t) for t in gen[0, ids.shape[1]:].tolist()]
-            except Exception as exc:  # noqa: BLE001 - reported, not fatal
-                result["generate_error"] = _first_line(exc)
-                where = _remote_frame(exc, package_dir)
-                if where:
-                    result["generate_error_at"] = where
-        stage = "done"
+            _greedy_without_cache(run, torch, model, ids)
+            _generate_with_cache(run, torch, model, ids)
+        run.stage = "done"
     except SystemExit:
         pass
     except BaseException as exc:  # noqa: BLE001 - whatever the remote code raises is a result
-        result["error"] = f"{stage}: {_first_line(exc)}"
-        where = _remote_frame(exc, package_dir)
-        if where:
-            result["error_at"] = where
-        result["traceback"] = traceback.format_exc()[-3000:]
-    result["seconds"] = round(time.perf_counter() - t_start, 3)
-    if shims is not None:
-        result["gpu_shims"] = shims.report()
-    fence.strict = False
-    if tensors:
-        try:
-            from safetensors.torch import save_file
-
-            save_file(tensors, os.path.join(root, "tensors.safetensors"))
-        except Exception as exc:  # noqa: BLE001
-            result["error"] = result["error"] or f"saving the tensors: {_first_line(exc)}"
-    with open(os.path.join(root, "result.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, default=str)
+        _record_error(run, exc)
+    _finish(run)
+    _save_tensors(run)
+    _write_result(run)
     sys.stdout.flush()
     os._exit(0)
 
