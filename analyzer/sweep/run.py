@@ -17,8 +17,8 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from hfcheck.analyzer.sweep.cache import (
     key_parts,
     result_key,
 )
-from hfcheck.analyzer.sweep.worker import Result, Stopped, WorkerPool, instance_ok
+from hfcheck.analyzer.sweep.worker import Result, Stopped, Task, WorkerPool, instance_ok
 
 FAILED = "analysis failed"
 
@@ -192,102 +192,157 @@ def run_batch(
     pool result: once true, ``Stopped`` is raised and later results are dropped, not cached.
     KeyboardInterrupt and pool errors propagate; the caller closes the pool.
     """
-    stopped = stop or (lambda: False)
-    counts = counts if counts is not None else BatchCounts()
-    index = TypeIndex(cache)
-    cache_keys: dict[str, tuple[str, dict, str, str]] = {}  # target key -> (result key, key parts, content key, origin ref)
-    same: dict[str, _SameConfig] = {}  # content key -> the batch's targets with that config
+    batch = _Batch(cache, TypeIndex(cache), on_progress, counts if counts is not None else BatchCounts(), force, stop or (lambda: False))
+    work = batch.tasks(targets)
+    try:
+        pool.run(work, batch.on_result, on_start=lambda key: on_progress("start", key, None))
+    finally:
+        work.close()  # now, not when collected: the resolver threads stop with the batch
+        batch.index.save()
 
-    def follow(key: str, source, group: _SameConfig) -> None:
-        counts.deduplicated += 1
-        on_progress("done", key, restamp(group.result, source, group.origin_ref))
 
-    def tasks():
+@dataclass
+class _Batch:
+    """One batch's state: ``tasks`` records each task's cache keys and config group, ``on_result`` reads them back."""
+
+    cache: ResultCache
+    index: TypeIndex
+    on_progress: Progress
+    counts: BatchCounts
+    force: bool
+    stopped: Callable[[], bool]
+    cache_keys: dict[str, tuple[str, dict, str, str]] = field(default_factory=dict)  # target key -> (result key, key parts, content key, config hash)
+    same: dict[str, _SameConfig] = field(default_factory=dict)  # content key -> the batch's targets with that config
+
+    def tasks(self, targets: list[Target]) -> Iterator[Task]:
+        """The pool's tasks, made lazily so ``stop()`` and the cache are asked just in time while references resolve ahead."""
         refs = [t for t in targets if not t.is_type]
         io = ThreadPoolExecutor(max_workers=min(8, len(refs) or 1), thread_name_prefix="hfcheck-resolve")
         try:
             futures = {t.key: io.submit(_prepare, t) for t in refs}
             for target in targets:
-                if stopped():
+                if self.stopped():
                     raise Stopped
-                known = index.entry(target.key) if target.is_type and not force else None
-                if known is not None:
-                    if "failure" in known:
-                        on_progress("done", target.key, dict(known["failure"]))
-                        continue
-                    hit = cache.get(known["key"])
-                    if hit is not None:
-                        counts.from_cache += 1
-                        on_progress("cached", target.key, hit)
-                        continue
-                source, failure = futures[target.key].result() if not target.is_type else _prepare(target)
-                if failure is not None:
-                    failure.pop("cacheable", None)
-                    if failure.pop("lasting", False) and target.is_type:
-                        index.remember(target.key, failure=failure)
-                    on_progress("done", target.key, failure)
-                    continue
-                try:
-                    key = result_key(source)
-                except Exception as exc:  # noqa: BLE001 - an unhashable source is that model's error
-                    on_progress("done", target.key, {"error": f"cannot key the result: {type(exc).__name__}: {exc}"})
-                    continue
-                if target.is_type:
-                    index.remember(target.key, key=key)
-                chash = config_hash(source)
-                if not force:
-                    hit = cache.get(key)
-                    if hit is not None:
-                        counts.from_cache += 1
-                        hit.setdefault("config_hash", chash)
-                        on_progress("cached", target.key, hit)
-                        continue
-                ckey = content_key(chash)
-                group = same.get(ckey)
-                if group is not None:  # a config this batch already analyses: one analysis answers both
-                    if group.result is None:
-                        group.followers.append((target.key, source))
-                    else:
-                        follow(target.key, source, group)
-                    continue
-                earlier = cache.same_config(ckey) if not force else None
-                if earlier is not None:  # analysed in an earlier sweep under another name
-                    same[ckey] = _SameConfig(earlier[1], earlier[0])
-                    counts.from_cache += 1
-                    on_progress("cached", target.key, restamp(earlier[0], source, earlier[1]))
-                    continue
-                same[ckey] = _SameConfig(serve_ref(source))
-                cache_keys[target.key] = (key, key_parts(source), ckey, chash)
-                yield target.key, source, target.is_type
+                task = self._task(target, futures)
+                if task is not None:
+                    yield task
         finally:
             io.shutdown(wait=False, cancel_futures=True)
 
-    def on_result(key: str, res: Result) -> None:
-        cacheable = res.pop("cacheable", True)
-        if stopped():
-            return  # a worker killed by the caller's stop is not this model's failure
-        counts.analysed += 1
-        group = None
-        if key in cache_keys:
-            result_key_, parts, ckey, chash = cache_keys[key]
-            res["config_hash"] = chash
-            group = same.get(ckey)
-            if cacheable:
-                cache.put(result_key_, res, parts)
-                cache.put_same_config(ckey, result_key_, group.origin_ref if group else "")
-        on_progress("done", key, res)
-        if group is not None:  # a timeout or crash too: the same config would meet the same fate
-            group.result = res
-            followers, group.followers = group.followers, []
-            for other, source in followers:
-                follow(other, source, group)
+    def _task(self, target: Target, futures: dict[str, Future]) -> Task | None:
+        """``target``'s pool task, or None when it is answered without the pool (its progress event already sent)."""
+        if self._answered_by_index(target):
+            return None
+        source, failure = futures[target.key].result() if not target.is_type else _prepare(target)
+        if failure is not None:
+            self._unprepared(target, failure)
+            return None
+        try:
+            key = result_key(source)
+        except Exception as exc:  # noqa: BLE001 - an unhashable source is that model's error
+            self.on_progress("done", target.key, {"error": f"cannot key the result: {type(exc).__name__}: {exc}"})
+            return None
+        if target.is_type:
+            self.index.remember(target.key, key=key)
+        chash = config_hash(source)
+        if self._answered_by_cache(target, key, chash):
+            return None
+        ckey = content_key(chash)
+        if self._joins_batch_config(target, source, ckey) or self._answered_by_earlier_config(target, source, ckey):
+            return None
+        self.same[ckey] = _SameConfig(serve_ref(source))
+        self.cache_keys[target.key] = (key, key_parts(source), ckey, chash)
+        return target.key, source, target.is_type
 
-    work = tasks()
-    try:
-        pool.run(work, on_result, on_start=lambda key: on_progress("start", key, None))
-    finally:
-        work.close()  # now, not when collected: the resolver threads stop with the batch
-        index.save()
+    def _answered_by_index(self, target: Target) -> bool:
+        """A model type the ``TypeIndex`` knows is answered without preparing it (no transformers import)."""
+        known = self.index.entry(target.key) if target.is_type and not self.force else None
+        if known is None:
+            return False
+        if "failure" in known:
+            self.on_progress("done", target.key, dict(known["failure"]))
+            return True
+        hit = self.cache.get(known["key"])
+        if hit is None:
+            return False
+        self.counts.from_cache += 1
+        self.on_progress("cached", target.key, hit)
+        return True
+
+    def _unprepared(self, target: Target, failure: Result) -> None:
+        """An unpreparable target is a "done" failure; a model type's lasting one is remembered for later sweeps."""
+        failure.pop("cacheable", None)
+        if failure.pop("lasting", False) and target.is_type:
+            self.index.remember(target.key, failure=failure)
+        self.on_progress("done", target.key, failure)
+
+    def _answered_by_cache(self, target: Target, key: str, chash: str) -> bool:
+        """The cache's result for this source, stamped with its config hash (never with ``force``)."""
+        if self.force:
+            return False
+        hit = self.cache.get(key)
+        if hit is None:
+            return False
+        self.counts.from_cache += 1
+        hit.setdefault("config_hash", chash)
+        self.on_progress("cached", target.key, hit)
+        return True
+
+    def _joins_batch_config(self, target: Target, source: Any, ckey: str) -> bool:
+        """A config this batch already analyses: one analysis answers both (now, or when it comes back)."""
+        group = self.same.get(ckey)
+        if group is None:
+            return False
+        if group.result is None:
+            group.followers.append((target.key, source))
+        else:
+            self._follow(target.key, source, group)
+        return True
+
+    def _answered_by_earlier_config(self, target: Target, source: Any, ckey: str) -> bool:
+        """A config analysed in an earlier sweep under another name answers this target (never with ``force``)."""
+        earlier = self.cache.same_config(ckey) if not self.force else None
+        if earlier is None:
+            return False
+        self.same[ckey] = _SameConfig(earlier[1], earlier[0])
+        self.counts.from_cache += 1
+        self.on_progress("cached", target.key, restamp(earlier[0], source, earlier[1]))
+        return True
+
+    def _follow(self, key: str, source: Any, group: _SameConfig) -> None:
+        """Answer a target with its config group's result, restamped as its own model's."""
+        self.counts.deduplicated += 1
+        self.on_progress("done", key, restamp(group.result, source, group.origin_ref))
+
+    def on_result(self, key: str, res: Result) -> None:
+        """The pool's callback: cache the result, report it, then answer the targets waiting on its config."""
+        cacheable = res.pop("cacheable", True)
+        if self.stopped():
+            return  # a worker killed by the caller's stop is not this model's failure
+        self.counts.analysed += 1
+        group = self._store(key, res, cacheable)
+        self.on_progress("done", key, res)
+        if group is not None:  # a timeout or crash too: the same config would meet the same fate
+            self._release_followers(group, res)
+
+    def _store(self, key: str, res: Result, cacheable: bool) -> _SameConfig | None:
+        """Stamp a pool result with its config hash and cache it; returns its config group (None: not one of ``tasks``'s)."""
+        if key not in self.cache_keys:
+            return None
+        result_key_, parts, ckey, chash = self.cache_keys[key]
+        res["config_hash"] = chash
+        group = self.same.get(ckey)
+        if cacheable:
+            self.cache.put(result_key_, res, parts)
+            self.cache.put_same_config(ckey, result_key_, group.origin_ref if group else "")
+        return group
+
+    def _release_followers(self, group: _SameConfig, res: Result) -> None:
+        """Answer the targets that waited on this config; later ones follow at once (``_joins_batch_config``)."""
+        group.result = res
+        followers, group.followers = group.followers, []
+        for other, source in followers:
+            self._follow(other, source, group)
 
 
 def sweep(
