@@ -389,11 +389,13 @@ def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, comp
     model, obs = analysis.instance.model, analysis.observations
     config = analysis.instance.config
     answers, vllm_attention = ask_fusers(api, model, stub_vllm_config(api, config, _text_config(config)))
+    # by module: a module shared by two paths is one entry of named_modules, and hfcheck's walk visits both paths
+    answer_for = {id(module): answers[path] for path, module in model.named_modules()}
     n = 0
     for m in obs.modules:
         module = model.get_submodule(m.path) if m.path else model
         n += 1
-        answer = answers[m.path]
+        answer = answer_for[id(module)]
         v_candidates = _err(answer.error) if answer.error is not None else answer.candidates
         v_chosen = _err(answer.error) if answer.error is not None else answer.chosen
         h_candidates = [p.name for p, _ in class_fusions(module).candidates]
