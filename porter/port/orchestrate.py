@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts import collect_facts
@@ -44,8 +44,14 @@ from hfcheck.environments import EnvError
 from hfcheck.porter.port.lint import lint_port
 from hfcheck.porter.port.render import render_markdown
 from hfcheck.porter.port.served import how_served
-from hfcheck.porter.reference.establish import ReferenceError, establish
+from hfcheck.porter.reference.establish import Reference, ReferenceError, establish
 from hfcheck.porter.retarget.anatomy import AnatomyError
+
+if TYPE_CHECKING:
+    from hfcheck.analyzer.facts import ModelFacts
+    from hfcheck.analyzer.sources import ModelSource
+    from hfcheck.porter.port.retarget_path import RetargetOutcome
+    from hfcheck.porter.port.state import PortState
 
 STATUS_RANK = {"fail": 4, "warn": 3, "inconclusive": 2, "info": 1, "pass": 0}
 WEIGHT_SUFFIXES = (".safetensors",)
@@ -98,11 +104,59 @@ class PortResult:
 def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan: bool = True, force: bool = False,
          proof_timeout: float = 300.0, shard_bytes: int | None = None, reference_transformers: str | None = None,
          path: str = "auto", log: Callable[[str], None] | None = None) -> PortResult:
+    """Port ``src`` into ``out`` by the steps the module docstring lists; PortError when hfcheck itself cannot run."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.remote import has_remote_code, static_findings
-    from hfcheck.analyzer.sources import SourceError, resolve
 
     t0 = time.perf_counter()
+    source, facts = _open_source(src)
+    model = {"model_type": facts.model_type, "architectures": facts.architectures, "remote_code": has_remote_code(source)}
+    result = PortResult("refused", "", src, str(out) if out is not None else None, model)
+    if out is not None:  # the proofs run in children with other working directories: the folder by its full path
+        out = Path(out).expanduser().resolve()
+
+    # ------------------------------------------------------------------ refuse early, or native
+    reason = _model_refusal(facts, source, static_findings)  # called here, not in a helper: a defect is named by the porter function it surfaced in (porter/cli.py)
+    if reason:
+        result.message, result.path = reason, "refused"
+        return result
+    if not has_remote_code(source):
+        result.status, result.message = "nothing_to_port", _native_transformers_message(facts, source)
+        return result
+    if _served_as_it_is(result, facts, source, path):
+        return result
+    out_dir = _output_folder(src, source, out, force)
+
+    # ------------------------------------------------------------------ reference run
+    reference = _run_the_original(result, source, t0, override=reference_transformers, timeout=proof_timeout, log=log)
+    if reference is None:
+        return result
+
+    # ------------------------------------------------------------------ retarget
+    outcome = _search_retarget(result, reference, path)
+    if outcome is not None and outcome.found is not None:
+        _port_by_retarget(result, outcome, reference, source, out_dir, shard_bytes=shard_bytes, prove=prove)
+        result.seconds["total"] = round(time.perf_counter() - t0, 2)
+        _write_reports(result, None, source, None, out_dir)
+        return result
+
+    # ------------------------------------------------------------------ rewrite, or refuse
+    bias = position_bias(reference, source)
+    if bias:
+        _refuse_alibi(result, bias, reference, source, outcome)
+        result.seconds["total"] = round(time.perf_counter() - t0, 2)
+        return result
+    written = _port_by_rewrite(result, reference, source, out_dir, prove=prove, rescan=rescan, shard_bytes=shard_bytes, proof_timeout=proof_timeout)
+    result.seconds["total"] = round(time.perf_counter() - t0, 2)
+    if written is not None:
+        _write_reports(result, written[0], source, written[1], out_dir)
+    return result
+
+
+def _open_source(src: str) -> tuple[ModelSource, ModelFacts]:
+    """The model and its config's facts, or PortError's one line: nothing can be decided without them."""
+    from hfcheck.analyzer.sources import SourceError, resolve
+
     if importlib.util.find_spec("libcst") is None:
         raise PortError("hfcheck port needs libcst: pip install libcst")
     try:
@@ -113,35 +167,39 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         facts, _ = collect_facts(source.config)
     except FactsError as exc:
         raise PortError(f"{src}: {exc}") from None
-    model = {"model_type": facts.model_type, "architectures": facts.architectures, "remote_code": has_remote_code(source)}
-    result = PortResult("refused", "", src, str(out) if out is not None else None, model)
-    if out is not None:  # the proofs run in children with other working directories: the folder by its full path
-        out = Path(out).expanduser().resolve()
+    return source, facts
 
-    reason = _model_refusal(facts, source, static_findings)
-    if reason:
-        result.message, result.path = reason, "refused"
-        return result
-    if not has_remote_code(source):
-        from hfcheck.analyzer.scan import scan
 
-        report = scan(source).report
-        result.status = "nothing_to_port"
-        result.message = (f"{facts.architectures[0] if facts.architectures else facts.model_type} is a native transformers model "
-                          f"(model_type {facts.model_type!r}): its code is transformers' own, so there is nothing to port and nothing was written "
-                          f"(hfcheck scan: {report['verdict']}, {report['score']}/100)")
-        return result
+def _native_transformers_message(facts: ModelFacts, source: ModelSource) -> str:
+    """Why a model without remote code has nothing to port, with its scan verdict: the user learns where it stands."""
+    from hfcheck.analyzer.scan import scan
+
+    report = scan(source).report
+    return (f"{facts.architectures[0] if facts.architectures else facts.model_type} is a native transformers model "
+            f"(model_type {facts.model_type!r}): its code is transformers' own, so there is nothing to port and nothing was written "
+            f"(hfcheck scan: {report['verdict']}, {report['score']}/100)")
+
+
+def _served_as_it_is(result: PortResult, facts: ModelFacts, source: ModelSource, path: str) -> bool:
+    """Record whether vLLM's native class fits the model; True (result said) when that answers an --path auto port."""
     native = served_natively(facts, source)
-    if native is not None:
-        fits, why = native
-        model["vllm_native"] = fits
-        if not fits:
-            model["vllm_native_mismatch"] = why
-        elif path == "auto":
-            result.status, result.path = "served_natively", "native"
-            result.message = (f"{why}: `vllm serve {src} --trust-remote-code` runs it as it is, so nothing was ported or written; "
-                              "--path backend ports it for the transformers backend anyway (--path rewrite: in place)")
-            return result
+    if native is None:
+        return False
+    fits, why = native
+    result.model["vllm_native"] = fits
+    if not fits:
+        result.model["vllm_native_mismatch"] = why
+        return False
+    if path != "auto":
+        return False
+    result.status, result.path = "served_natively", "native"
+    result.message = (f"{why}: `vllm serve {result.src} --trust-remote-code` runs it as it is, so nothing was ported or written; "
+                      "--path backend ports it for the transformers backend anyway (--path rewrite: in place)")
+    return True
+
+
+def _output_folder(src: str, source: ModelSource, out: Path | None, force: bool) -> Path:
+    """The folder the port writes, emptied with --force, once the remote code is known to be whole and parsable."""
     if source.missing_code:
         raise PortError(f"{src}: remote code not available: {'; '.join(source.missing_code)}")
     broken = _unparsable(source)
@@ -151,14 +209,19 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         raise PortError("--out DIR is required to write the ported model")
     out_dir = Path(out).expanduser()
     _check_out(out_dir, source, force)
+    return out_dir
 
+
+def _run_the_original(result: PortResult, source: ModelSource, t0: float, *, override: str | None, timeout: float,
+                      log: Callable[[str], None] | None) -> Reference | None:
+    """The original's run in its own release, what every proof compares against; None (result refused) when there is none."""
     try:
-        reference = establish(source, override=reference_transformers, timeout=proof_timeout, log=log)
+        reference = establish(source, override=override, timeout=timeout, log=log)
     except EnvError as exc:
-        raise PortError(f"{src}: the reference environment cannot be built: {exc}") from None
+        raise PortError(f"{result.src}: the reference environment cannot be built: {exc}") from None
     except ReferenceError as exc:
         result.message, result.path = f"refused: {exc}", "refused"
-        return result
+        return None
     result.reference = reference_summary(reference)
     result.seconds["reference"] = round(time.perf_counter() - t0, 2)
     run = reference.run
@@ -168,41 +231,34 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
         result.path = "refused"
         result.message = (f"refused: the original does not run in its own release (transformers {reference.env.spec.transformers}, "
                           f"{reference.version_reason}): {run.error}{at}; nothing can be proven against it")
-        return result
+        return None
+    return reference
 
-    # ------------------------------------------------------------------ retarget
+
+def _search_retarget(result: PortResult, reference: Reference, path: str) -> RetargetOutcome | None:
+    """Look for a native class that reproduces the original (not for --path rewrite), timed and recorded either way."""
     from hfcheck.porter.port.retarget_path import find_retarget
 
     t1 = time.perf_counter()
     outcome = find_retarget(reference) if path in ("auto", "backend") else None
     result.seconds["retarget_search"] = round(time.perf_counter() - t1, 2)
     result.retarget = outcome.to_dict() if outcome is not None else {"skipped": "--path rewrite"}
-    if outcome is not None and outcome.found is not None:
-        _port_by_retarget(result, outcome, reference, source, out_dir, shard_bytes=shard_bytes, prove=prove)
-        result.seconds["total"] = round(time.perf_counter() - t0, 2)
-        _write_reports(result, None, source, None, out_dir)
-        return result
+    return outcome
 
-    # ------------------------------------------------------------------ rewrite, or refuse
-    bias = position_bias(reference, source)
-    if bias:
-        result.path = "refused"
-        equal = [s for s in outcome.search.skipped if "computes the same function" in s] if outcome is not None else []
-        result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
-                          + (f". {equal[0]}" if equal else ""))
-        result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
-        from hfcheck.porter.port.dataflow import CoreRefusal, plans
 
-        for found in plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config):
-            if isinstance(found, CoreRefusal):  # where the recorded dataflow sees the bias reach the scores
-                result.not_ported.append({"code": found.code, "file": found.file, "where": f"line {found.line}", "reason": found.reason})
-        result.seconds["total"] = round(time.perf_counter() - t0, 2)
-        return result
-    written = _port_by_rewrite(result, reference, source, out_dir, prove=prove, rescan=rescan, shard_bytes=shard_bytes, proof_timeout=proof_timeout)
-    result.seconds["total"] = round(time.perf_counter() - t0, 2)
-    if written is not None:
-        _write_reports(result, written[0], source, written[1], out_dir)
-    return result
+def _refuse_alibi(result: PortResult, bias: dict[str, Any], reference: Reference, source: ModelSource,
+                  outcome: RetargetOutcome | None) -> None:
+    """Refuse an ALiBi model, naming the bias's call site and where the recorded dataflow sees it reach the scores."""
+    from hfcheck.porter.port.dataflow import CoreRefusal, plans
+
+    result.path = "refused"
+    equal = [s for s in outcome.search.skipped if "computes the same function" in s] if outcome is not None else []
+    result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
+                      + (f". {equal[0]}" if equal else ""))
+    result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
+    for found in plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config):
+        if isinstance(found, CoreRefusal):  # where the recorded dataflow sees the bias reach the scores
+            result.not_ported.append({"code": found.code, "file": found.file, "where": f"line {found.line}", "reason": found.reason})
 
 
 def reference_summary(reference) -> dict[str, Any]:
@@ -333,25 +389,11 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
     """Rewrite the remote code in place; returns (port state, ported config) once files are
     written (None when nothing was)."""
     from hfcheck.porter.port.codemods import CODEMODS
-    from hfcheck.porter.port.state import PortState, apply_config_edits
 
     t0 = time.perf_counter()
     result.path = "rewrite"
-    from hfcheck.porter.port.dataflow import plans
-
-    state = PortState(dict(source.code_files), dict(source.config))
-    state.observed = plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config)
-    state.tied = reference.run.result.get("tied") or []
-    state.built_classes = {}
-    for m in reference.run.result.get("modules", []):  # class -> whether any instance holds weights
-        state.built_classes[m["class"]] = state.built_classes.get(m["class"], False) or bool(m.get("params") or m.get("persistent"))
-    index, roles = state.roles()
-    early = _auto_map(source.config.get("auto_map") or {}, roles, index)
-    if early.get("AutoModel") != (source.config.get("auto_map") or {}).get("AutoModel"):  # the codemods read the base model from it
-        state.config_edits.append({"op": "set", "key": "auto_map", "value": early})
-        state.change("HFC102", "config.json", "auto_map", f"AutoModel -> {early['AutoModel']} (the base model; it named the causal-LM class)",
-                     "vLLM builds AutoModel and adds its own lm_head; a causal-LM class there nests a second head and its loader "
-                     "strips 'model.' from every checkpoint name")
+    state = _recorded_state(reference, source)
+    _name_the_base_model(state, source)
     for codemod in CODEMODS:
         codemod().apply(state)
     result.seconds["rewrite"] = round(time.perf_counter() - t0, 2)
@@ -363,15 +405,74 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
                           + (f" ({len(state.refusals)} finding(s) need a hand-written change: see not_ported)" if state.refusals else ""))
         return None
 
+    auto_map, defaults, ported_config = _ported_config(state, source)
+    _attach_fixes(state, source)
+    result.changes = [c.to_dict() for c in state.changes]
+    if not _write_rewrite(result, state, source, ported_config, defaults, out_dir, shard_bytes):
+        return state, ported_config
+
+    result.status, result.message = "ported", f"rewritten in place: {len(state.changes)} change(s) in {len(changed)} file(s)"
+    if prove:
+        _prove_rewritten(result, reference, source, state, auto_map, defaults, out_dir, proof_timeout)
+    if rescan:
+        _rescan_rewritten(result, source, state, out_dir)
+    return state, ported_config
+
+
+def _recorded_state(reference: Reference, source: ModelSource) -> PortState:
+    """The port's working state, seeded with what the original's run recorded: the codemods act on observed behaviour."""
+    from hfcheck.porter.port.dataflow import plans
+    from hfcheck.porter.port.state import PortState
+
+    state = PortState(dict(source.code_files), dict(source.config))
+    state.observed = plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config)
+    state.tied = reference.run.result.get("tied") or []
+    state.built_classes = {}
+    for m in reference.run.result.get("modules", []):  # class -> whether any instance holds weights
+        state.built_classes[m["class"]] = state.built_classes.get(m["class"], False) or bool(m.get("params") or m.get("persistent"))
+    return state
+
+
+def _name_the_base_model(state: PortState, source: ModelSource) -> None:
+    """Point auto_map's AutoModel at the base model before the codemods run: they read the base model from it."""
+    index, roles = state.roles()
+    early = _auto_map(source.config.get("auto_map") or {}, roles, index)
+    if early.get("AutoModel") != (source.config.get("auto_map") or {}).get("AutoModel"):
+        state.config_edits.append({"op": "set", "key": "auto_map", "value": early})
+        state.change("HFC102", "config.json", "auto_map", f"AutoModel -> {early['AutoModel']} (the base model; it named the causal-LM class)",
+                     "vLLM builds AutoModel and adds its own lm_head; a causal-LM class there nests a second head and its loader "
+                     "strips 'model.' from every checkpoint name")
+
+
+def _ported_config(state: PortState, source: ModelSource) -> tuple[dict, dict[str, Any], dict[str, Any]]:
+    """The final auto_map (naming the rewritten modules), the config defaults, and the config the output carries."""
+    from hfcheck.porter.port.state import apply_config_edits
+
     index, roles = state.roles()
     auto_map = _auto_map(state.ported_config().get("auto_map") or {}, roles, index)
     if auto_map != state.ported_config().get("auto_map"):
         state.config_edits.append({"op": "set", "key": "auto_map", "value": auto_map})
     defaults = state.config_defaults()
-    ported_config = apply_config_edits(source.config, state.config_edits, defaults)
-    _attach_fixes(state, source)
-    result.changes = [c.to_dict() for c in state.changes]
+    return auto_map, defaults, apply_config_edits(source.config, state.config_edits, defaults)
 
+
+def _write_rewrite(result: PortResult, state: PortState, source: ModelSource, ported_config: dict[str, Any], defaults: dict[str, Any],
+                   out_dir: Path, shard_bytes: int | None) -> bool:
+    """Write the output folder and list it in the result; False (result failed) when the checkpoint could not be converted."""
+    written = _write_code(state, ported_config, out_dir)
+    src_dir = Path(source.location) if source.kind == "local" and source.location else None
+    converted = True
+    if src_dir is not None:
+        written += _copy_other_files(src_dir, out_dir, set(state.files))
+        shards = _convert_checkpoint(result, src_dir, out_dir, state, source.config, defaults, shard_bytes)
+        converted = shards is not None
+        written += shards or []
+    result.files = written + ["port.diff", "PORT.md"]
+    return converted
+
+
+def _write_code(state: PortState, ported_config: dict[str, Any], out_dir: Path) -> list[str]:
+    """Write every code file of the port and its config.json; the names written, in order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     for name, text in sorted(state.files.items()):
@@ -381,60 +482,66 @@ def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, pr
         written.append(name)
     (out_dir / "config.json").write_text(json.dumps(ported_config, indent=2) + "\n", encoding="utf-8")
     written.append("config.json")
-    src_dir = Path(source.location) if source.kind == "local" and source.location else None
-    if src_dir is not None:
-        written += _copy_other_files(src_dir, out_dir, set(state.files))
-        from hfcheck.porter.port import weights as W
+    return written
 
-        if W.checkpoint_files(src_dir):
-            t1 = time.perf_counter()
-            try:
-                summary = W.convert_checkpoint(src_dir, out_dir, state.weight_rules, source.config, defaults,
-                                               **({"max_shard_bytes": shard_bytes} if shard_bytes else {}))
-            except W.ConvertError as exc:
-                result.status, result.message = "failed", f"the checkpoint could not be converted: {exc}"
-                result.weights = {"error": str(exc)}
-                result.files = written + ["port.diff", "PORT.md"]
-                return state, ported_config
-            summary["seconds"] = round(time.perf_counter() - t1, 2)
-            result.weights = summary
-            written += summary["shards"] + ([W.INDEX_NAME] if len(summary["shards"]) > 1 else [])
-        elif any(p.suffix in PICKLE_WEIGHTS for p in src_dir.iterdir() if p.is_file()):
-            result.weights = {"note": "the checkpoint is in a pickle format (.bin/.pt): not converted; convert it to safetensors first, then port again"}
-    result.files = written + ["port.diff", "PORT.md"]
 
-    result.status, result.message = "ported", f"rewritten in place: {len(state.changes)} change(s) in {len(changed)} file(s)"
-    if prove:
-        from hfcheck.porter.port.equivalence import prove_rewrite
+def _convert_checkpoint(result: PortResult, src_dir: Path, out_dir: Path, state: PortState, config: dict[str, Any],
+                        defaults: dict[str, Any], shard_bytes: int | None) -> list[str] | None:
+    """Convert a safetensors checkpoint by the port's weight rules (a pickle one is only noted): the names written, None on failure."""
+    from hfcheck.porter.port import weights as W
 
+    if W.checkpoint_files(src_dir):
         t1 = time.perf_counter()
-        result.proof = prove_rewrite(reference, state.files, auto_map, state.weight_rules, state.config_edits, defaults, timeout=proof_timeout)
-        if result.weights and "shards" in result.weights:
-            from hfcheck.porter.port.realweights import prove_real_weights
+        try:
+            summary = W.convert_checkpoint(src_dir, out_dir, state.weight_rules, config, defaults,
+                                           **({"max_shard_bytes": shard_bytes} if shard_bytes else {}))
+        except W.ConvertError as exc:
+            result.status, result.message = "failed", f"the checkpoint could not be converted: {exc}"
+            result.weights = {"error": str(exc)}
+            return None
+        summary["seconds"] = round(time.perf_counter() - t1, 2)
+        result.weights = summary
+        return summary["shards"] + ([W.INDEX_NAME] if len(summary["shards"]) > 1 else [])
+    if any(p.suffix in PICKLE_WEIGHTS for p in src_dir.iterdir() if p.is_file()):
+        result.weights = {"note": "the checkpoint is in a pickle format (.bin/.pt): not converted; convert it to safetensors first, then port again"}
+    return []
 
-            key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else "AutoModel"
-            check = prove_real_weights(reference, source, out_dir, class_ref=auto_map[key], timeout=proof_timeout)
-            result.proof["checks"].append(check)
-            result.proof["ok"] = result.proof["ok"] and (check["ok"] or bool(check.get("skipped")))
-        result.seconds["proof"] = round(time.perf_counter() - t1, 2)
-        if not result.proof.get("ok"):
-            result.status = "failed"
-            failed = [c for c in result.proof.get("checks", []) if not c.get("ok")]
-            why = result.proof.get("error") or "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
-            result.message = f"rewritten in place, but the ported model does not reproduce the original ({why}); the output is kept for inspection"
-    if rescan:
-        t1 = time.perf_counter()
-        result.rescan = _rescan(source, out_dir)
-        served = how_served(out_dir, trust_remote_code=True)
-        result.served = served.to_dict()
-        result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
-        if result.status == "ported" and not served.served:
-            left = "; ".join(f"{r['code']} {r['file']} {r['where']}: {r['reason']}" for r in result.not_ported[:3])
-            result.status = "failed"
-            result.message = (f"rewritten in place ({len(state.changes)} change(s)) and proven, but vLLM still does not serve the result: "
-                              f"{'; '.join(served.blockers[:2]) or served.summary}" + (f". Not rewritten: {left}" if left else "")
-                              + "; the output is kept for inspection")
-    return state, ported_config
+
+def _prove_rewritten(result: PortResult, reference: Reference, source: ModelSource, state: PortState, auto_map: dict,
+                     defaults: dict[str, Any], out_dir: Path, proof_timeout: float) -> None:
+    """Prove the rewrite against the original's run (and on the converted checkpoint); a failed proof fails the port."""
+    from hfcheck.porter.port.equivalence import prove_rewrite
+
+    t1 = time.perf_counter()
+    result.proof = prove_rewrite(reference, state.files, auto_map, state.weight_rules, state.config_edits, defaults, timeout=proof_timeout)
+    if result.weights and "shards" in result.weights:
+        from hfcheck.porter.port.realweights import prove_real_weights
+
+        key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else "AutoModel"
+        check = prove_real_weights(reference, source, out_dir, class_ref=auto_map[key], timeout=proof_timeout)
+        result.proof["checks"].append(check)
+        result.proof["ok"] = result.proof["ok"] and (check["ok"] or bool(check.get("skipped")))
+    result.seconds["proof"] = round(time.perf_counter() - t1, 2)
+    if not result.proof.get("ok"):
+        result.status = "failed"
+        failed = [c for c in result.proof.get("checks", []) if not c.get("ok")]
+        why = result.proof.get("error") or "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
+        result.message = f"rewritten in place, but the ported model does not reproduce the original ({why}); the output is kept for inspection"
+
+
+def _rescan_rewritten(result: PortResult, source: ModelSource, state: PortState, out_dir: Path) -> None:
+    """Re-scan the output and ask how vLLM serves it; a proven port vLLM still does not serve fails."""
+    t1 = time.perf_counter()
+    result.rescan = _rescan(source, out_dir)
+    served = how_served(out_dir, trust_remote_code=True)
+    result.served = served.to_dict()
+    result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
+    if result.status == "ported" and not served.served:
+        left = "; ".join(f"{r['code']} {r['file']} {r['where']}: {r['reason']}" for r in result.not_ported[:3])
+        result.status = "failed"
+        result.message = (f"rewritten in place ({len(state.changes)} change(s)) and proven, but vLLM still does not serve the result: "
+                          f"{'; '.join(served.blockers[:2]) or served.summary}" + (f". Not rewritten: {left}" if left else "")
+                          + "; the output is kept for inspection")
 
 
 def _err(check: dict) -> str:
