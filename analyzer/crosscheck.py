@@ -150,8 +150,9 @@ def cross_check(analysis: Analysis, report: dict[str, Any] | None = None) -> dic
 
 
 # --- asking vLLM's own code ------------------------------------------------------------
-# The one place hfcheck calls vLLM's fusers, its MoE block fuser and its config convertor;
-# ``scan --cross-check`` below and the CI harness (scripts/crosscheck/vllm_side.py) both ask here.
+# Every call hfcheck makes into vLLM's code is in this module: its fusers, MoE block fuser and
+# config convertor here, its registry in ``_registry`` below; ``scan --cross-check`` and the CI
+# harness (scripts/crosscheck/vllm_side.py) both ask through these functions.
 
 
 def import_vllm() -> SimpleNamespace:
@@ -214,6 +215,8 @@ class VllmModuleFusers:
     candidates: list[str] | None = None
     chosen: list[str] | None = None
     error: BaseException | None = None
+    attention_error: BaseException | None = None
+    """Raised reading a chosen ``AttentionFuser``'s layer index (the fusers' answer stands)."""
 
 
 def ask_fusers(api: SimpleNamespace, model: Any, vllm_config: SimpleNamespace) -> tuple[dict[str, VllmModuleFusers], dict[int, list[str]]]:
@@ -230,39 +233,39 @@ def ask_fusers(api: SimpleNamespace, model: Any, vllm_config: SimpleNamespace) -
                 answer.candidates = [fuser_name(f) for f in api.get_fusers(module)]
                 chosen = fusers[module]
                 answer.chosen = [fuser_name(f) for f in chosen]
+            except Exception as exc:  # noqa: BLE001 - vLLM's failure is the answer for this module
+                answer.error = exc
+                continue
+            try:
                 for f in chosen:
                     if isinstance(f, api.AttentionFuser) and (idx := f.layer_index(module)) is not None:
                         attention_by_layer.setdefault(idx, []).append(path)
-            except Exception as exc:  # noqa: BLE001 - vLLM's failure is the answer for this module
-                answer.chosen, answer.error = None, exc
+            except Exception as exc:  # noqa: BLE001 - recorded; the layers read so far stand
+                answer.attention_error = exc
     return answers, attention_by_layer
 
 
+def match_moe_block(api: SimpleNamespace, block: Any, divides: bool | None = None) -> Any:
+    """vLLM's ``MoEBlockFuser.match`` on one block (raises what vLLM raises): the fuser when vLLM
+    takes the block forward over (its ``scoring_func`` set when it routes itself, its
+    ``shared_name`` the shared expert), else None. ``divides`` (the fp16 shared-output rule,
+    ``moe.divides_shared_output``) None: vLLM's default."""
+    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return api.MoEBlockFuser.match(block, EXPERTS_NAME) if divides is None else api.MoEBlockFuser.match(block, EXPERTS_NAME, divides)
+
+
 def vllm_replaces_experts(experts: Any) -> bool:
-    """vLLM's ``MoEMixin.recursive_replace`` test for an ``experts`` child: a ModuleList, or
-    only 3-D parameters (FusedMoE then takes its place)."""
+    """vLLM's ``MoEMixin.recursive_replace`` test for an ``experts`` child, re-stated (vLLM writes
+    it inline, there is no function to call): a ModuleList, or only 3-D parameters, which
+    FusedMoE then takes the place of. What the cross-check compares hfcheck's
+    ``moe.experts_replaceable`` with."""
     from torch import nn
 
     params = list(experts.parameters())
     return isinstance(experts, nn.ModuleList) or (len(params) > 0 and all(p.ndim == 3 for p in params))
-
-
-def ask_moe_block(api: SimpleNamespace, block: Any, divides_shared_output: bool | None = None) -> dict[str, Any]:
-    """vLLM's ``MoEBlockFuser.match`` on one block (raises what vLLM raises): whether it takes
-    the block forward over, routes internally, its router's scoring and its shared expert.
-    ``divides_shared_output`` None: vLLM's default."""
-    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
-
-    args = (block, EXPERTS_NAME) if divides_shared_output is None else (block, EXPERTS_NAME, divides_shared_output)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fuser = api.MoEBlockFuser.match(*args)
-    return {
-        "fused": fuser is not None,
-        "internal": bool(fuser and fuser.scoring_func),
-        "scoring": fuser.scoring_func if fuser else None,
-        "shared": fuser.shared_name if fuser else None,
-    }
 
 
 class _Differences:
@@ -392,18 +395,20 @@ def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, comp
     # by module: a module shared by two paths is one entry of named_modules, and hfcheck's walk visits both paths
     answer_for = {id(module): answers[path] for path, module in model.named_modules()}
     n = 0
-    for m in obs.modules:
-        module = model.get_submodule(m.path) if m.path else model
-        n += 1
-        answer = answer_for[id(module)]
-        v_candidates = _err(answer.error) if answer.error is not None else answer.candidates
-        v_chosen = _err(answer.error) if answer.error is not None else answer.chosen
-        h_candidates = [p.name for p, _ in class_fusions(module).candidates]
-        h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
-        if v_candidates != h_candidates:
-            diffs.add("candidates", m.cls, v_candidates, h_candidates, m.path or "<model>")
-        if isinstance(v_chosen, str) or sorted(v_chosen) != sorted(h_chosen):
-            diffs.add("chosen", m.cls, v_chosen, h_chosen, m.path or "<model>")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for m in obs.modules:
+            module = model.get_submodule(m.path) if m.path else model
+            n += 1
+            answer = answer_for[id(module)]
+            v_candidates = _err(answer.error) if answer.error is not None else answer.candidates
+            v_chosen = _err(answer.error) if answer.error is not None else answer.chosen
+            h_candidates = [p.name for p, _ in class_fusions(module).candidates]
+            h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
+            if v_candidates != h_candidates:
+                diffs.add("candidates", m.cls, v_candidates, h_candidates, m.path or "<model>")
+            if isinstance(v_chosen, str) or sorted(v_chosen) != sorted(h_chosen):
+                diffs.add("chosen", m.cls, v_chosen, h_chosen, m.path or "<model>")
     compared["modules"] = n
     compared["layers"] = len(set(vllm_attention) | set(obs.attention_by_layer))
     mine = {int(k): sorted(v) for k, v in obs.attention_by_layer.items()}
@@ -436,13 +441,13 @@ def _moe(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, compared
             diffs.add("moe_block", cls, "experts child", None, path)
             continue
         try:
-            answer = ask_moe_block(api, block, divides)
+            fuser = match_moe_block(api, block, divides)
             values = {
                 "moe_replaceable": replaceable,
-                "moe_block_fused": answer["fused"],
-                "moe_internal": answer["internal"],
-                "moe_scoring": answer["scoring"],
-                "moe_shared": answer["shared"],
+                "moe_block_fused": fuser is not None,
+                "moe_internal": bool(fuser and fuser.scoring_func),
+                "moe_scoring": fuser.scoring_func if fuser else None,
+                "moe_shared": fuser.shared_name if fuser else None,
             }
         except Exception as exc:  # noqa: BLE001 - vLLM's failure is recorded as the value
             values = {"moe_replaceable": replaceable, "moe_block_fused": _err(exc)}

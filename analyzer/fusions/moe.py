@@ -411,6 +411,7 @@ class MoEBlockFusion(Pattern):
 
     @classmethod
     def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        """Per module, not per class like the others: whether its experts child holds parameters decides."""
         experts = dict(module.named_children()).get(EXPERTS_NAME)
         if experts is None or not (isinstance(experts, nn.ModuleList) or next(experts.parameters(), None) is not None):
             return None
@@ -422,5 +423,6 @@ class MoEBlockFusion(Pattern):
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
+        """The pattern contract (None: taken over); the scan keeps the whole reading, ``analyse``."""
         block = cls.analyse(module, ctx)
         return None if block.block_taken_over else block.routing_reason

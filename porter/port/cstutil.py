@@ -236,10 +236,10 @@ def edit_class(module: cst.Module, name: str, fn: Callable[[cst.ClassDef], cst.C
 
 
 def edit_method(cls: cst.ClassDef, name: str, fn: Callable[[cst.FunctionDef], cst.FunctionDef]) -> cst.ClassDef:
-    m = method(cls, name)
-    if m is None:
+    found = method(cls, name)
+    if found is None:
         return cls
-    return replace_in_body(cls, m, fn(m))
+    return replace_in_body(cls, found, fn(found))
 
 
 # ------------------------------------------------------------------ signatures

@@ -9,7 +9,9 @@ HPY=.venv/bin/python
 $VPY -c 'from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M; print("\n".join(M))' > /tmp/crosscheck_types_vllm.txt 2>/dev/null
 $HPY -c 'from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M; print("\n".join(M))' > /tmp/crosscheck_types_hfcheck.txt
 # vLLM's side asks vLLM through hfcheck.analyzer.crosscheck: the shim makes it importable there too
-SHIM=/tmp/crosscheck_shim; mkdir -p $SHIM/hfcheck; cp hfcheck/__init__.py $SHIM/hfcheck/; ln -sfn "$PWD/analyzer" $SHIM/hfcheck/analyzer
+SHIM=/tmp/crosscheck_shim; rm -rf $SHIM; mkdir -p $SHIM/hfcheck
+for f in hfcheck/*; do ln -sfn "$PWD/$f" "$SHIM/$f"; done   # the namespace root (packages.py, isolation/, ...)
+ln -sfn "$PWD/analyzer" $SHIM/hfcheck/analyzer
 PYTHONPATH=$SHIM $VPY scripts/crosscheck/vllm_side.py --other-types /tmp/crosscheck_types_hfcheck.txt > /tmp/crosscheck_vllm.log 2>&1
 $HPY scripts/crosscheck/hfcheck_side.py --other-types /tmp/crosscheck_types_vllm.txt > /tmp/crosscheck_hfcheck.log 2>&1
 PYTHONPATH=$SHIM CROSSCHECK_OUT=/tmp/crosscheck_hfcheck_t520.json \

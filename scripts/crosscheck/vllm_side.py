@@ -23,8 +23,8 @@ from common import build_cut_model, err, run_over_types  # noqa: E402
 
 from hfcheck.analyzer.crosscheck import (  # noqa: E402
     ask_fusers,
-    ask_moe_block,
     import_vllm,
+    match_moe_block,
     stub_vllm_config,
     vllm_replaces_experts,
 )
@@ -49,21 +49,21 @@ def one(mt: str) -> dict:
         entry: dict = {"cls": answer.cls}
         if answer.candidates is not None:
             entry["candidates"] = answer.candidates
-        if answer.error is not None:
-            entry["error"] = err(answer.error)
-        else:
+        if answer.chosen is not None:
             entry["chosen"] = answer.chosen
+        if (error := answer.error or answer.attention_error) is not None:
+            entry["error"] = err(error)
         modules[path] = entry
         experts = dict(module.named_children()).get("experts")
         if experts is not None:
             m: dict = {"block_cls": type(module).__name__, "experts_cls": type(experts).__name__}
             m["replaceable"] = vllm_replaces_experts(experts)
             try:
-                answer_moe = ask_moe_block(VLLM, module)
-                m["fuser"] = m["fused"] = answer_moe["fused"]  # block forward taken over (internal or external routing)
-                m["scoring"] = answer_moe["scoring"]
-                m["internal"] = answer_moe["internal"]
-                m["shared"] = answer_moe["shared"]
+                fuser = match_moe_block(VLLM, module)
+                m["fuser"] = m["fused"] = fuser is not None  # block forward taken over (internal or external routing)
+                m["scoring"] = fuser.scoring_func if fuser else None
+                m["internal"] = bool(fuser and fuser.scoring_func)
+                m["shared"] = fuser.shared_name if fuser else None
             except Exception as exc:  # noqa: BLE001 - recorded per block
                 m["error"] = err(exc)
             moe[path] = m

@@ -77,7 +77,7 @@ WHY_DISPATCH = "vLLM serves attention only through ALL_ATTENTION_FUNCTIONS; a la
 
 
 TRUE = m.Name("True")
-NAME_IS_NOT_NONE = m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))])
+NAME_IS_NOT_NONE = m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None", lpar=[], rpar=[]))])
 """``if mask is not None:``, the guard of a mask branch."""
 
 class Refused(Exception):

@@ -18,6 +18,9 @@ from hfcheck.porter.port.codemods.base import Codemod, parse, save
 
 WHY = "vLLM passes its attention state as keyword arguments through the base model's forward; a hop that drops **kwargs breaks it"
 
+CONSTANT_INDEX = m.SubscriptElement(slice=m.Index(value=m.Integer() | m.UnaryOperation(operator=m.Minus(), expression=m.Integer())))
+"""``[0]``, ``[-1]``: in an ``nn.Sequential`` layer list, its embedding or its head."""
+
 
 class KwargsPropagation(Codemod):
     name = "kwargs"
@@ -105,6 +108,3 @@ def _layer_call(list_attrs: set[str], forward_ast, sequential: frozenset[str] = 
     sequential_end = m.Call(func=m.Subscript(value=cu.self_attr(one_of(sequential)), slice=[CONSTANT_INDEX]))
     return lambda c: m.matches(c, loop_call) or (m.matches(c, list_item_call) and not m.matches(c, sequential_end))
 
-
-CONSTANT_INDEX = m.SubscriptElement(slice=m.Index(value=m.Integer() | m.UnaryOperation(operator=m.Minus(), expression=m.Integer())))
-"""``[0]``, ``[-1]``: in an ``nn.Sequential`` layer list, its embedding or its head."""

@@ -159,10 +159,10 @@ def _regroup_rule(g: Dataflow, columns: list[list[int]], q_heads: int, kv_heads:
     return {"layout": layout, "heads": {"field": h_key}, "kv_heads": {"field": kv_key}}
 
 
-def _packed_variable(events: list[tuple[int, dict]], call: ast.stmt, packed: int) -> str | None:
+def _packed_variable(events: list[tuple[int, dict]], statement: ast.stmt, packed: int) -> str | None:
     """The variable holding the packed output after the projection's statement: what the split reads."""
     for line, names in events:
-        if line > stmt_span(call)[1]:
+        if line > stmt_span(statement)[1]:
             return next((n for n, v in names.items() if v == packed), None)
     return None
 
