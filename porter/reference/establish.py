@@ -125,6 +125,43 @@ def candidate_releases(config: dict[str, Any], override: str | None) -> list[tup
     return out
 
 
+@dataclass
+class _Original:
+    """The original and what it runs with now: the retries below change its shrunk config, ids, environment and packages."""
+
+    source: Any
+    config: dict[str, Any]
+    auto_map: dict[str, Any]
+    packages: tuple[str, ...]
+    tiny: dict[str, Any]
+    ids: list[list[int]]
+    seed: int
+    timeout: float
+    log: Callable[[str], None] | None
+    release: str = ""
+    env: ReferenceEnv | None = None
+
+    def run(self, shims: bool = False) -> ReferenceRun:
+        """One run of the original in the current environment, shrunk config and ids."""
+        return run_reference(self.env, self.source.code_files, self.auto_map, self.tiny, input_ids=self.ids,
+                             num_layers=int(first(self.tiny, "layers") or 0), seed=self.seed, meta_config=self.config,
+                             timeout=self.timeout, gpu_shims=shims)
+
+    def with_optional(self, run: ReferenceRun, shims: bool = False) -> ReferenceRun:
+        """A package the code imports optionally (in a try) but then requires (TeleChat:
+        `assert rearrange is not None, 'Please install einops first'`): installed, and run again."""
+        while not run.ok and (wanted := optional_package_wanted(run, self.packages)) is not None:
+            if self.log:
+                self.log(f"the original asks for {wanted} ({run.error.splitlines()[0][:160]}); again with it installed")
+            try:
+                self.env = ensure_env(EnvSpec(self.release, tuple(sorted({*self.packages, wanted}))), self.log)
+            except EnvError:
+                return run
+            self.packages = self.env.spec.packages
+            run = self.run(shims)
+        return run
+
+
 def establish(source, *, override: str | None = None, seed: int = 0, head_dim: int = 16, timeout: float = 300.0,
               log: Callable[[str], None] | None = None) -> Reference:
     """Run the original of ``source`` in its reference environment (see the module doc)."""
@@ -132,103 +169,124 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
     auto_map = config.get("auto_map") or {}
     packages, not_installed = required_packages(source.code_files, auto_map)
     tiny = shrink_config(config, head_dim=head_dim)
-    vocab = first(tiny, "vocab") or 256
-    rng = random.Random(seed + 1)
-    ids = [[rng.randrange(int(vocab)) for _ in range(SEQUENCE_LENGTH)] for _ in range(2)]
+    original = _Original(source, config, auto_map, packages, tiny, _input_ids(tiny, seed), seed, timeout, log)
     tried: list[str] = []
     candidates = candidate_releases(config, override)
     for n, (release, why) in enumerate(candidates):
+        original.release = release
         try:
-            env = ensure_env(EnvSpec(release, packages), log)
+            original.env = ensure_env(EnvSpec(release, original.packages), log)
         except EnvError as exc:
             if n == 0:
                 raise  # the declared (or named) release cannot be installed: the user's to fix
             tried.append(f"transformers {release}: {exc}")
             continue
         if log:
-            log(f"running the original in transformers {release} ({env.path.name})")
+            log(f"running the original in transformers {release} ({original.env.path.name})")
+        run = _at_real_head_dim(original, original.run(), head_dim)
+        run = _with_real_heads(original, run, head_dim)
+        run = _ending_in_searched_tokens(original, run)
         shims = False
         switched: list[str] = []
-
-        def run_original(tiny=tiny, shims=False):
-            return run_reference(env, source.code_files, auto_map, tiny, input_ids=ids, num_layers=int(first(tiny, "layers") or 0),
-                                 seed=seed, meta_config=config, timeout=timeout, gpu_shims=shims)
-
-        def with_optional(run, shims=False):
-            """A package the code imports optionally (in a try) but then requires (TeleChat:
-            `assert rearrange is not None, 'Please install einops first'`): installed, and run again."""
-            nonlocal env, packages
-            while not run.ok and (wanted := optional_package_wanted(run, packages)) is not None:
-                if log:
-                    log(f"the original asks for {wanted} ({run.error.splitlines()[0][:160]}); again with it installed")
-                try:
-                    env = ensure_env(EnvSpec(release, tuple(sorted({*packages, wanted}))), log)
-                except EnvError:
-                    return run
-                packages = env.spec.packages
-                run = run_original(tiny, shims)
-            return run
-
-        run = run_original()
-        real_head_dim = _real_head_dim(config)
-        if not run.ok and is_shape_failure(run) and real_head_dim and real_head_dim != head_dim:
-            # code that hard-codes the head size (Falcon-40B's `view(..., 64)`): shrink everything else
-            if log:
-                log(f"the original fails at head dim {head_dim} ({run.error}); again at its real head dim {real_head_dim}")
-            tiny = shrink_config(config, head_dim=real_head_dim)
-            run = run_original(tiny)
-        real_heads = head_counts(config)[0]
-        if not run.ok and is_shape_failure(run) and isinstance(real_heads, int) and MAX_TINY_HEADS < real_heads <= 64:
-            # code that hard-codes a head grouping (CodeGen2's `mp_num = 8` blocks of heads): every head, each small
-            if log:
-                log(f"the original fails with {first(tiny, 'heads')} heads ({run.error}); again with its real {real_heads} heads of {head_dim}")
-            tiny = shrink_config(config, head_dim=head_dim, max_heads=real_heads)
-            run = run_original(tiny)
-        searched: list[int] = []
-        while not run.ok and len(searched) < 4 and (token := searched_token(run, tiny, searched)) is not None:
-            # code that looks its special tokens up in the input (ChatGLM-6B finds BOS and [gMASK]
-            # with `seq.index(...)`): the ids end with them, in the order its tokenizer writes
-            searched.insert(0, token)
-            ids = [seq[:len(seq) - len(searched)] + searched for seq in ids]
-            if log:
-                log(f"the original looks for token {token} in the input ({run.error}); again with ids ending in {searched}")
-            run = run_original(tiny)
         needs = _needs_a_gpu(run)
         if needs:
-            # written for GPUs: constructed and run again with CPU stand-ins that keep its function (gpu_shims.py)
-            if log:
-                log(f"the original needs {needs} to construct; again with CPU stand-ins for CUDA-only packages and .cuda()")
-            shimmed = with_optional(run_original(tiny, shims=True), shims=True)
-            flags = [k for k in FLASH_FLAGS if tiny.get(k) is True]
-            if not shimmed.ok and flags:
-                # the config selects a flash-attention kernel the code then asserts CUDA and fp16 for
-                # (TeleChat's `flash_attn: true`); flash attention is exact softmax attention, so the
-                # code's own eager path computes the same function
-                if log:
-                    log(f"the original's flash path needs a GPU ({shimmed.error.splitlines()[0][:160]}); again with {', '.join(flags)} false")
-                tiny = {**tiny, **dict.fromkeys(flags, False)}
-                shimmed = with_optional(run_original(tiny, shims=True), shims=True)
-                switched = flags
-            reached = (shimmed.result.get("gpu_shims") or {}).get("reached") or []
-            if reached:
-                where = shimmed.error_at
-                at = f" ({where['file']}:{where['line']}: `{where['code']}`)" if where else ""
-                raise ReferenceError(f"the original calls {reached[0]}{at}, a CUDA-only kernel, on the path a CPU takes: it really needs a GPU, "
-                                     "so nothing can be proven against it here")
-            run, shims = shimmed, True
-        run = with_optional(run, shims)
-        undeclared = not release_of(str(config.get("transformers_version") or ""))
-        missing = _missing_uninstallable(run)
-        if missing:
-            where = run.error_at
-            at = f" ({where['file']}:{where['line']})" if where else ""
-            raise ReferenceError(f"the original imports {missing} unguarded{at}, a package that cannot be installed on a CPU machine "
-                                 "(CUDA kernels): it runs in no reference environment here, so nothing can be proven against it")
-        if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or undeclared or n > 0):
+            run, switched = _with_gpu_shims(original, needs)
+            shims = True
+        run = original.with_optional(run, shims)
+        _refuse_uninstallable(run)
+        if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or _undeclared(config) or n > 0):
             tried.append(f"transformers {release}: {run.error}")
             continue
-        return Reference(env, why, packages, not_installed, tiny, ids, run, tried, shims, switched)
+        return Reference(original.env, why, original.packages, not_installed, original.tiny, original.ids, run, tried, shims, switched)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
+
+
+def _input_ids(tiny: dict[str, Any], seed: int) -> list[list[int]]:
+    """Two seeded random sequences in the shrunk vocabulary: the inputs every later comparison reuses."""
+    vocab = first(tiny, "vocab") or 256
+    rng = random.Random(seed + 1)
+    return [[rng.randrange(int(vocab)) for _ in range(SEQUENCE_LENGTH)] for _ in range(2)]
+
+
+def _at_real_head_dim(original: _Original, run: ReferenceRun, head_dim: int) -> ReferenceRun:
+    """Code that hard-codes the head size (Falcon-40B's `view(..., 64)`): again with only everything else shrunk."""
+    real_head_dim = _real_head_dim(original.config)
+    if not run.ok and is_shape_failure(run) and real_head_dim and real_head_dim != head_dim:
+        if original.log:
+            original.log(f"the original fails at head dim {head_dim} ({run.error}); again at its real head dim {real_head_dim}")
+        original.tiny = shrink_config(original.config, head_dim=real_head_dim)
+        run = original.run()
+    return run
+
+
+def _with_real_heads(original: _Original, run: ReferenceRun, head_dim: int) -> ReferenceRun:
+    """Code that hard-codes a head grouping (CodeGen2's `mp_num = 8` blocks of heads): again with every head, each small."""
+    real_heads = head_counts(original.config)[0]
+    if not run.ok and is_shape_failure(run) and isinstance(real_heads, int) and MAX_TINY_HEADS < real_heads <= 64:
+        if original.log:
+            original.log(f"the original fails with {first(original.tiny, 'heads')} heads ({run.error}); "
+                         f"again with its real {real_heads} heads of {head_dim}")
+        original.tiny = shrink_config(original.config, head_dim=head_dim, max_heads=real_heads)
+        run = original.run()
+    return run
+
+
+def _ending_in_searched_tokens(original: _Original, run: ReferenceRun) -> ReferenceRun:
+    """Code that looks its special tokens up in the input (ChatGLM-6B finds BOS and [gMASK] with `seq.index(...)`): again with ids ending in them."""
+    searched: list[int] = []
+    while not run.ok and len(searched) < 4 and (token := searched_token(run, original.tiny, searched)) is not None:
+        # the ids end with them, in the order its tokenizer writes
+        searched.insert(0, token)
+        original.ids = [seq[:len(seq) - len(searched)] + searched for seq in original.ids]
+        if original.log:
+            original.log(f"the original looks for token {token} in the input ({run.error}); again with ids ending in {searched}")
+        run = original.run()
+    return run
+
+
+def _with_gpu_shims(original: _Original, needs: str) -> tuple[ReferenceRun, list[str]]:
+    """Code written for GPUs: (the run, config flags switched off) with CPU stand-ins that keep its function (gpu_shims.py)."""
+    if original.log:
+        original.log(f"the original needs {needs} to construct; again with CPU stand-ins for CUDA-only packages and .cuda()")
+    shimmed = original.with_optional(original.run(shims=True), shims=True)
+    switched: list[str] = []
+    flags = [k for k in FLASH_FLAGS if original.tiny.get(k) is True]
+    if not shimmed.ok and flags:
+        # the config selects a flash-attention kernel the code then asserts CUDA and fp16 for
+        # (TeleChat's `flash_attn: true`); flash attention is exact softmax attention, so the
+        # code's own eager path computes the same function
+        if original.log:
+            original.log(f"the original's flash path needs a GPU ({shimmed.error.splitlines()[0][:160]}); again with {', '.join(flags)} false")
+        original.tiny = {**original.tiny, **dict.fromkeys(flags, False)}
+        shimmed = original.with_optional(original.run(shims=True), shims=True)
+        switched = flags
+    _refuse_cuda_kernel(shimmed)
+    return shimmed, switched
+
+
+def _refuse_cuda_kernel(shimmed: ReferenceRun) -> None:
+    """A CUDA-only kernel the shimmed run still reached on the CPU path: nothing can be proven here, so say where."""
+    reached = (shimmed.result.get("gpu_shims") or {}).get("reached") or []
+    if reached:
+        where = shimmed.error_at
+        at = f" ({where['file']}:{where['line']}: `{where['code']}`)" if where else ""
+        raise ReferenceError(f"the original calls {reached[0]}{at}, a CUDA-only kernel, on the path a CPU takes: it really needs a GPU, "
+                             "so nothing can be proven against it here")
+
+
+def _refuse_uninstallable(run: ReferenceRun) -> None:
+    """An unguarded import of a CUDA-only package fails in every release: stop rather than fall back."""
+    missing = _missing_uninstallable(run)
+    if missing:
+        where = run.error_at
+        at = f" ({where['file']}:{where['line']})" if where else ""
+        raise ReferenceError(f"the original imports {missing} unguarded{at}, a package that cannot be installed on a CPU machine "
+                             "(CUDA kernels): it runs in no reference environment here, so nothing can be proven against it")
+
+
+def _undeclared(config: dict[str, Any]) -> bool:
+    """Whether config.json names no transformers release: then any failure is worth an older release."""
+    return not release_of(str(config.get("transformers_version") or ""))
 
 
 FLASH_FLAGS = ("flash_attn", "use_flash_attn", "use_flash_attention", "use_flash_attention_2", "flash_attention")

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfcheck.analyzer.shrink import first, head_counts
-from hfcheck.analyzer.shrink import first as cfg_first
 from hfcheck.porter.reference.run import ReferenceRun
 
 NORM_PARAM_NAMES = {"weight", "bias", "scale", "g", "gamma", "beta"}
@@ -249,114 +248,187 @@ def layer_count(run: ReferenceRun) -> int:
     return len([m for m in modules if re.fullmatch(re.escape(path) + r"\.\d+", m["name"]) and m["class"] == block])
 
 
+@dataclass(frozen=True)
+class _Blocks:
+    """The decoder layers' container in the run: its path, layer 0's index there, the layer count."""
+
+    path: str
+    offset: int
+    count: int
+    names: frozenset[str]
+
+    @property
+    def layer0(self) -> str:
+        """Layer 0's module name (``transformer.h.0``; ``layers.1`` inside an nn.Sequential)."""
+        return f"{self.path}.{self.offset}"
+
+    @property
+    def last(self) -> str:
+        """The last layer's module name: the final norm is called after it."""
+        return f"{self.path}.{self.offset + self.count - 1}"
+
+    def holds(self, name: str) -> bool:
+        """Whether a module is the container or inside a layer, so not the embedding, head or final norm."""
+        return name == self.path or any(name == b or name.startswith(b + ".") for b in self.names)
+
+    def generic(self, name: str) -> str:
+        """A module after the layers in their container, by its place after the last layer."""
+        m = re.fullmatch(re.escape(self.path) + r"\.(\d+)(\..*)?", name)
+        if m and int(m.group(1)) >= self.offset + self.count:
+            return f"{self.path}.{{n+{int(m.group(1)) - self.count}}}{m.group(2) or ''}"
+        return name
+
+
 def analyse(run: ReferenceRun, tiny_config: dict[str, Any]) -> Anatomy:
+    """The original's anatomy, read from its reference run at the shrunk size (see the module doc)."""
     modules = run.result.get("modules") or []
-    by_name = {m["name"]: m for m in modules}
+    blocks = _decoder_blocks(run)
+    embeds, vocab_embed = _token_embedding(modules, blocks)
+    vocab, hidden = vocab_embed["embedding"]["num"], vocab_embed["embedding"]["dim"]
+    order = _call_order(run)
+    layer = _layer0(modules, blocks.layer0 + ".", order, hidden)
+    dims = _dims(tiny_config, layer, hidden, vocab, blocks.count)
+
+    outside = [m for m in modules if not blocks.holds(m["name"])]
+    tied_pairs = run.result.get("tied") or []
+    head = _head(outside, vocab_embed, vocab, hidden, tied_pairs)
+    final_norm = _final_norm(outside, hidden, order, blocks.last)
+    head_bias = head is not None and "bias" in head["params"]
+    positions = _position_embedding(embeds, vocab_embed, hidden, order, blocks.layer0)
+    used = _used_outside(modules, vocab_embed, positions, head, head_bias, final_norm)
+    extra = [p for m in outside for p in _param_paths(m) if p not in used and not _tied_to(p, used, tied_pairs)]
+    act = activation(tiny_config.get("hidden_act") or tiny_config.get("activation_function") or tiny_config.get("activation"))
+    if final_norm is not None:
+        final_norm.path = blocks.generic(final_norm.path)
+    return Anatomy(blocks.path, blocks.generic(vocab_embed["name"]), blocks.generic(head["name"]) if head else None,
+                   head["class"] if head else None, final_norm, layer, dims,
+                   rotary_from_buffers(modules, tiny_config) or rotary_from_config(tiny_config, dims.head_dim), extra, act,
+                   head_bias, blocks.offset, blocks.generic(positions["name"]) if positions else None)
+
+
+def _decoder_blocks(run: ReferenceRun) -> _Blocks:
+    """Where the run found the decoder layers; without them there is nothing to retarget."""
     layers_path = run.result.get("layers_path")
     if not layers_path:
         raise AnatomyError("no list of identical decoder layers was found")
     offset = int(run.result.get("layers_offset") or 0)
-    first = f"{layers_path}.{offset}."
     n_layers = layer_count(run)
-    block_names = {f"{layers_path}.{offset + k}" for k in range(n_layers)}
+    return _Blocks(layers_path, offset, n_layers, frozenset(f"{layers_path}.{offset + k}" for k in range(n_layers)))
 
-    def in_blocks(name: str) -> bool:
-        return name == layers_path or any(name == b or name.startswith(b + ".") for b in block_names)
 
-    embeds = [m for m in modules if "embedding" in m and not in_blocks(m["name"])]
+def _token_embedding(modules: list[dict[str, Any]], blocks: _Blocks) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(embeddings outside the layers, the one with most rows): the vocabulary and hidden sizes every shape is read against."""
+    embeds = [m for m in modules if "embedding" in m and not blocks.holds(m["name"])]
     if not embeds:
         raise AnatomyError("no token embedding was found")
-    vocab_embed = max(embeds, key=lambda m: m["embedding"]["num"])
-    vocab, hidden = vocab_embed["embedding"]["num"], vocab_embed["embedding"]["dim"]
+    return embeds, max(embeds, key=lambda m: m["embedding"]["num"])
 
-    # call order of layer 0's modules
+
+def _call_order(run: ReferenceRun) -> dict[str, int]:
+    """Each module's first call in the forward pass: the order that tells projections' roles apart."""
     order: dict[str, int] = {}
     for i, call in enumerate(run.result.get("calls", [])):
         order.setdefault(call["name"], i)
+    return order
 
-    layer_mods = [m for m in modules if m["name"].startswith(first)]
-    rel = lambda name: name[len(first):]  # noqa: E731
-    linears = sorted((m for m in layer_mods if "linear" in m), key=lambda m: order.get(m["name"], 10**9))
-    norms = sorted((m for m in layer_mods if _is_norm(m, hidden)), key=lambda m: order.get(m["name"], 10**9))
-    norm_objs = [Norm(rel(m["name"]), "bias" in m["params"] or "beta" in m["params"], m["class"], _eps(m),
-                      next(n for n in ("weight", "scale", "g", "gamma") if n in m["params"])) for m in norms]
-    lin_objs = [Linear(rel(m["name"]), m["linear"]["in"], m["linear"]["out"], m["linear"]["bias"], bool(m["linear"].get("transposed"))) for m in linears]
-    if not lin_objs:
-        raise AnatomyError("decoder layer 0 has no linear projections")
-    uncalled = [lin.path for lin, m in zip(lin_objs, linears) if m["name"] not in order]
-    if uncalled:
-        raise AnatomyError(f"layer 0 has projections the forward pass never used: {', '.join(uncalled)}")
 
+def _by_call(modules: list[dict[str, Any]], order: dict[str, int]) -> list[dict[str, Any]]:
+    """Modules in the order the forward pass first called them (never called: last)."""
+    return sorted(modules, key=lambda m: order.get(m["name"], 10**9))
+
+
+def _norm_of(module: dict[str, Any], path: str) -> Norm:
+    """A norm module as a ``Norm`` at ``path`` (relative to layer 0, or the final norm's own name)."""
+    params = module["params"]
+    return Norm(path, "bias" in params or "beta" in params, module["class"], _eps(module),
+                next(n for n in ("weight", "scale", "g", "gamma") if n in params))
+
+
+def _layer0(modules: list[dict[str, Any]], prefix: str, order: dict[str, int], hidden: int) -> Layer:
+    """Layer 0's norms and projections, each in its role; a part of no known role is an error."""
+    layer_mods = [m for m in modules if m["name"].startswith(prefix)]
+    linears = _by_call([m for m in layer_mods if "linear" in m], order)
+    norms = _by_call([m for m in layer_mods if _is_norm(m, hidden)], order)
+    norm_objs = [_norm_of(m, m["name"][len(prefix):]) for m in norms]
+    lin_objs = _called_linears(linears, prefix, order)
     # parameters that are neither in a Linear nor in a norm
     covered = {f"{m['name']}.{p}" for m in linears + norms for p in m["params"]}
     other = [p for m in layer_mods for p in _param_paths(m) if p not in covered]
 
-    groups = _split_groups(lin_objs, norm_objs, order, first, hidden)
-    attn, mlp = groups
-    outputs = [lin for lin in attn if lin.out == hidden]
-    if not outputs:
-        raise AnatomyError("no attention output projection (a linear back to the hidden size) in layer 0")
-    attention_output = outputs[-1]
-    attention_inputs = [lin for lin in attn if lin is not attention_output and lin.inp == hidden]
-    mlp_outputs = [lin for lin in mlp if lin.out == hidden]
-    if not mlp_outputs:
-        raise AnatomyError("no MLP output projection in layer 0")
-    mlp_output = mlp_outputs[-1]
-    mlp_inputs = [lin for lin in mlp if lin is not mlp_output and lin.inp == hidden]
+    attn, mlp = _split_groups(lin_objs, norm_objs, order, prefix, hidden)
+    attention_inputs, attention_output = _inputs_and_output(
+        attn, hidden, "no attention output projection (a linear back to the hidden size) in layer 0")
+    mlp_inputs, mlp_output = _inputs_and_output(mlp, hidden, "no MLP output projection in layer 0")
     stray = [lin.path for lin in attn + mlp if lin not in attention_inputs + [attention_output] + mlp_inputs + [mlp_output]]
     if stray:
         raise AnatomyError(f"layer 0 has projections of no known role: {', '.join(stray)}")
     if not attention_inputs or not mlp_inputs:
         raise AnatomyError("layer 0 lacks attention or MLP input projections")
+    return Layer(norm_objs, attention_inputs, attention_output, mlp_inputs, mlp_output, parallel=len(norm_objs) == 1, other_params=other)
 
-    d = cfg_first(tiny_config, "head_dim")
-    heads = cfg_first(tiny_config, "heads")
+
+def _called_linears(linears: list[dict[str, Any]], prefix: str, order: dict[str, int]) -> list[Linear]:
+    """Layer 0's linear modules as ``Linear``s; one the forward pass never used has no role to read."""
+    lin_objs = [Linear(m["name"][len(prefix):], m["linear"]["in"], m["linear"]["out"], m["linear"]["bias"], bool(m["linear"].get("transposed")))
+                for m in linears]
+    if not lin_objs:
+        raise AnatomyError("decoder layer 0 has no linear projections")
+    uncalled = [lin.path for lin, m in zip(lin_objs, linears) if m["name"] not in order]
+    if uncalled:
+        raise AnatomyError(f"layer 0 has projections the forward pass never used: {', '.join(uncalled)}")
+    return lin_objs
+
+
+def _inputs_and_output(group: list[Linear], hidden: int, no_output: str) -> tuple[list[Linear], Linear]:
+    """(inputs, output) of a group: output the last linear back to ``hidden``, inputs the others reading ``hidden``."""
+    outputs = [lin for lin in group if lin.out == hidden]
+    if not outputs:
+        raise AnatomyError(no_output)
+    output = outputs[-1]
+    return [lin for lin in group if lin is not output and lin.inp == hidden], output
+
+
+def _dims(tiny_config: dict[str, Any], layer: Layer, hidden: int, vocab: int, layers: int) -> Dims:
+    """The shrunk sizes: head count from the config, head width and key/value heads from what the projections compute."""
+    d = first(tiny_config, "head_dim")
+    heads = first(tiny_config, "heads")
     if not isinstance(heads, int) or heads <= 0:
         raise AnatomyError("the config names no attention head count")
-    q_rows = attention_output.inp
+    q_rows = layer.attention_output.inp
     if not isinstance(d, int):
         d = q_rows // heads
     if heads * d != q_rows:
         raise AnatomyError(f"the attention output reads {q_rows} features, not {heads} heads of {d}")
-    kv_heads = _kv_heads(attention_inputs, heads, d)
-    intermediate = mlp_output.inp
-    dims = Dims(hidden, heads, kv_heads, d, intermediate, vocab, n_layers)
+    kv_heads = _kv_heads(layer.attention_inputs, heads, d)
+    return Dims(hidden, heads, kv_heads, d, layer.mlp_output.inp, vocab, layers)
 
-    # head and final norm
-    outside = [m for m in modules if not in_blocks(m["name"])]
-    heads_mods = [m for m in outside if m is not vocab_embed and m["params"].get("weight") == [vocab, hidden]]
-    head = heads_mods[0] if heads_mods else None
-    tied_pairs = run.result.get("tied") or []
+
+def _head(outside: list[dict[str, Any]], vocab_embed: dict[str, Any], vocab: int, hidden: int,
+          tied_pairs: list[list[str]]) -> dict[str, Any] | None:
+    """The output head: the other ``[vocab, hidden]`` weight outside the layers (None: tied to the embedding)."""
+    found = [m for m in outside if m is not vocab_embed and m["params"].get("weight") == [vocab, hidden]]
+    head = found[0] if found else None
     if head is not None and any(f"{head['name']}.weight" in pair for pair in tied_pairs):
-        head = None
-    after_layers = [m for m in outside if _is_norm(m, hidden) and order.get(m["name"], -1) > order.get(f"{layers_path}.{offset + n_layers - 1}", 10**9)]
+        return None
+    return head
+
+
+def _final_norm(outside: list[dict[str, Any]], hidden: int, order: dict[str, int], last_layer: str) -> Norm | None:
+    """The final norm: the first norm outside the layers called after the last one (None: there is none)."""
+    after_layers = [m for m in outside if _is_norm(m, hidden) and order.get(m["name"], -1) > order.get(last_layer, 10**9)]
     final = sorted(after_layers, key=lambda m: order[m["name"]])
-    final_norm = None
-    if final:
-        m = final[0]
-        final_norm = Norm(m["name"], "bias" in m["params"] or "beta" in m["params"], m["class"], _eps(m),
-                          next(n for n in ("weight", "scale", "g", "gamma") if n in m["params"]))
-    head_bias = head is not None and "bias" in head["params"]
+    return _norm_of(final[0], final[0]["name"]) if final else None
 
-    def generic(name: str) -> str:
-        """A module after the layers in their container, by its place after the last layer."""
-        m = re.fullmatch(re.escape(layers_path) + r"\.(\d+)(\..*)?", name)
-        if m and int(m.group(1)) >= offset + n_layers:
-            return f"{layers_path}.{{n+{int(m.group(1)) - n_layers}}}{m.group(2) or ''}"
-        return name
 
-    positions = _position_embedding(embeds, vocab_embed, hidden, order, f"{layers_path}.{offset}")
-    used = {f"{vocab_embed['name']}.weight"} | ({f"{positions['name']}.weight"} if positions else set()) | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head_bias else set())
+def _used_outside(modules: list[dict[str, Any]], vocab_embed: dict[str, Any], positions: dict[str, Any] | None,
+                  head: dict[str, Any] | None, head_bias: bool, final_norm: Norm | None) -> set[str]:
+    """Parameters outside the layers the anatomy accounts for; any other one is an extra a target lacks."""
+    by_name = {m["name"]: m for m in modules}
+    used = ({f"{vocab_embed['name']}.weight"} | ({f"{positions['name']}.weight"} if positions else set())
+            | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head_bias else set()))
     if final_norm:
         used |= {f"{final_norm.path}.{p}" for p in by_name[final_norm.path]["params"]}
-    extra = [p for m in outside for p in _param_paths(m) if p not in used and not _tied_to(p, used, tied_pairs)]
-    act = activation(tiny_config.get("hidden_act") or tiny_config.get("activation_function") or tiny_config.get("activation"))
-    layer = Layer(norm_objs, attention_inputs, attention_output, mlp_inputs, mlp_output, parallel=len(norm_objs) == 1, other_params=other)
-    if final_norm is not None:
-        final_norm.path = generic(final_norm.path)
-    return Anatomy(layers_path, generic(vocab_embed["name"]), generic(head["name"]) if head else None, head["class"] if head else None, final_norm, layer,
-                   dims, rotary_from_buffers(modules, tiny_config) or rotary_from_config(tiny_config, d), extra, act,
-                   head_bias, offset, generic(positions["name"]) if positions else None)
+    return used
 
 
 def _position_embedding(embeds: list[dict[str, Any]], vocab_embed: dict[str, Any], hidden: int, order: dict[str, int],
