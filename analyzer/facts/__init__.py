@@ -8,6 +8,7 @@ never by executing their code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -201,6 +202,43 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
 
     check_config(config)
     model_type = config.get("model_type")
+    cfg_obj = _config_object(config, model_type)
+    text, text_type, text_key = _text_view(config, cfg_obj)
+    get = lambda *names, default=None: first_of(text, names, default)  # noqa: E731
+
+    shape = _shape_fields(text, get)
+    num_experts = _count(get(*V.EXPERT_COUNT_FIELDS, default=0)) or 0
+    quant = _quantization(config, text)
+    dtype = config.get("torch_dtype") or config.get("dtype") or get("torch_dtype", "dtype") or "bfloat16"
+    native = _vllm_native_fields(config)
+    types = derive_layer_types(text)
+    facts = ModelFacts(
+        **_identity_fields(config, cfg_obj, model_type, text_type),
+        **shape,
+        intermediate_size=_count(get(*V.INTERMEDIATE_FIELDS)),
+        vocab_size=_count(get(*V.VOCAB_FIELDS)),
+        layer_types=types,
+        num_experts=num_experts,
+        **_moe_fields(get),
+        **_mla_fields(get),
+        **_precision_fields(quant, dtype),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", get("tie_word_embeddings", default=False))),
+        sliding_window=_count(get("sliding_window")) if not isinstance(get("sliding_window"), (list, tuple)) else None,
+        max_position_embeddings=_count(get("max_position_embeddings", "seq_length", "n_positions")),
+        routed_scaling_factor=_scaling(get("routed_scaling_factor", default=1.0)),
+        **native,
+        multimodal=is_multimodal(config, cfg_obj),
+        towers=tower_keys(config, cfg_obj),
+        text_config_key=text_key,
+    )
+    if text_key:
+        facts.notes.append(f"the language model's fields are read from config.json's {text_key!r}")
+    _count_unnumbered_shared_expert(facts, get)
+    return facts, cfg_obj
+
+
+def _config_object(config: dict[str, Any], model_type: Any) -> Any:
+    """The transformers config object (None: a plain dict), once config.json names a model something can read."""
     if not model_type and not config.get("architectures"):
         raise FactsError("config.json names neither model_type nor architectures")
     cfg_obj = transformers_config(config)
@@ -208,9 +246,11 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         raise FactsError(
             f"model_type {model_type!r} is unknown to transformers {_transformers_version()} and config.json has no auto_map"
         )
-    text, text_type, text_key = _text_view(config, cfg_obj)
-    get = lambda *names, default=None: first_of(text, names, default)  # noqa: E731
+    return cfg_obj
 
+
+def _shape_fields(text: Any, get: Callable[..., Any]) -> dict[str, Any]:
+    """The layer count (no facts without one) and the attention geometry, head_dim derived where unset."""
     num_layers = _count(get(*V.LAYER_FIELDS))
     if num_layers is None or num_layers <= 0:
         raise FactsError(
@@ -225,11 +265,17 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     head_dim = _count(get(*V.HEAD_DIM_FIELDS))
     if head_dim is None and hidden and heads:
         head_dim = hidden // heads
-    num_experts = _count(get(*V.EXPERT_COUNT_FIELDS, default=0)) or 0
+    return {"num_layers": num_layers, "hidden_size": hidden, "num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim}
+
+
+def _quantization(config: dict[str, Any], text: Any) -> dict[str, Any]:
+    """The quantization_config (top level first, then a plain-dict text config's); {} when none is a dict."""
     quant = config.get("quantization_config") or (text.get("quantization_config") if isinstance(text, dict) else None) or {}
-    dtype = config.get("torch_dtype") or config.get("dtype") or get("torch_dtype", "dtype") or "bfloat16"
-    if not isinstance(quant, dict):
-        quant = {}
+    return quant if isinstance(quant, dict) else {}
+
+
+def _vllm_native_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Whether vLLM's registry has a native class for the architecture, and whether it computes this model."""
     native, table_version = vllm_has_native(list(config.get("architectures") or []))
     mismatch = None
     if native and config.get("auto_map"):  # a Hub repo's own code under a registry name: is it the generation vLLM implements?
@@ -237,48 +283,52 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         fit = native_fit(str((config.get("architectures") or [""])[0]), config)
         if fit is not None and not fit.fits:
             native, mismatch = False, fit.describe()
-    types = derive_layer_types(text)
-    facts = ModelFacts(
-        model_type=str(model_type or ""),
-        architectures=list(config.get("architectures") or []),
-        text_model_type=str(text_type or model_type or ""),
-        known_to_transformers=cfg_obj is not None,
-        auto_map=dict(config.get("auto_map") or {}),
-        is_encoder_decoder=bool(config.get("is_encoder_decoder") or getattr(cfg_obj, "is_encoder_decoder", False)),
-        num_layers=num_layers,
-        hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=_count(get(*V.INTERMEDIATE_FIELDS)),
-        vocab_size=_count(get(*V.VOCAB_FIELDS)),
-        layer_types=types,
-        num_experts=num_experts,
-        top_k=_count(get(*V.TOP_K_FIELDS)),
-        moe_intermediate_size=_count(get(*V.MOE_INTERMEDIATE_FIELDS)),
-        num_shared_experts=_count(get(*V.SHARED_EXPERT_FIELDS, default=0)) or 0,
-        first_dense_layers=_count(get("first_k_dense_replace", default=0)) or 0,
-        kv_lora_rank=_count(get("kv_lora_rank")),
-        q_lora_rank=_count(get("q_lora_rank")),
-        qk_nope_head_dim=_count(get("qk_nope_head_dim")),
-        qk_rope_head_dim=_count(get("qk_rope_head_dim")),
-        v_head_dim=_count(get("v_head_dim")),
-        quant_method=quant.get("quant_method") if isinstance(quant.get("quant_method"), str) else None,
-        weight_block_size=quant.get("weight_block_size") if isinstance(quant.get("weight_block_size"), list) else None,
-        dtype=str(dtype).replace("torch.", ""),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", get("tie_word_embeddings", default=False))),
-        sliding_window=_count(get("sliding_window")) if not isinstance(get("sliding_window"), (list, tuple)) else None,
-        max_position_embeddings=_count(get("max_position_embeddings", "seq_length", "n_positions")),
-        routed_scaling_factor=_scaling(get("routed_scaling_factor", default=1.0)),
-        vllm_native=native,
-        vllm_native_mismatch=mismatch,
-        vllm_table_version=table_version,
-        multimodal=is_multimodal(config, cfg_obj),
-        towers=tower_keys(config, cfg_obj),
-        text_config_key=text_key,
-    )
-    if text_key:
-        facts.notes.append(f"the language model's fields are read from config.json's {text_key!r}")
+    return {"vllm_native": native, "vllm_native_mismatch": mismatch, "vllm_table_version": table_version}
+
+
+def _identity_fields(config: dict[str, Any], cfg_obj: Any, model_type: Any, text_type: Any) -> dict[str, Any]:
+    """What the model is called and which code defines it (transformers' classes or the repo's auto_map)."""
+    return {
+        "model_type": str(model_type or ""),
+        "architectures": list(config.get("architectures") or []),
+        "text_model_type": str(text_type or model_type or ""),
+        "known_to_transformers": cfg_obj is not None,
+        "auto_map": dict(config.get("auto_map") or {}),
+        "is_encoder_decoder": bool(config.get("is_encoder_decoder") or getattr(cfg_obj, "is_encoder_decoder", False)),
+    }
+
+
+def _moe_fields(get: Callable[..., Any]) -> dict[str, Any]:
+    """The mixture-of-experts routing and sizes beyond the expert count."""
+    return {
+        "top_k": _count(get(*V.TOP_K_FIELDS)),
+        "moe_intermediate_size": _count(get(*V.MOE_INTERMEDIATE_FIELDS)),
+        "num_shared_experts": _count(get(*V.SHARED_EXPERT_FIELDS, default=0)) or 0,
+        "first_dense_layers": _count(get("first_k_dense_replace", default=0)) or 0,
+    }
+
+
+def _mla_fields(get: Callable[..., Any]) -> dict[str, Any]:
+    """Multi-head latent attention's ranks and head dims (DeepSeek style); None where the model has none."""
+    return {
+        "kv_lora_rank": _count(get("kv_lora_rank")),
+        "q_lora_rank": _count(get("q_lora_rank")),
+        "qk_nope_head_dim": _count(get("qk_nope_head_dim")),
+        "qk_rope_head_dim": _count(get("qk_rope_head_dim")),
+        "v_head_dim": _count(get("v_head_dim")),
+    }
+
+
+def _precision_fields(quant: dict[str, Any], dtype: Any) -> dict[str, Any]:
+    """The quantization method and block size where well-typed, and the dtype without its ``torch.`` prefix."""
+    return {
+        "quant_method": quant.get("quant_method") if isinstance(quant.get("quant_method"), str) else None,
+        "weight_block_size": quant.get("weight_block_size") if isinstance(quant.get("weight_block_size"), list) else None,
+        "dtype": str(dtype).replace("torch.", ""),
+    }
+
+
+def _count_unnumbered_shared_expert(facts: ModelFacts, get: Callable[..., Any]) -> None:
+    """A config that sizes a shared expert without counting any has one (``shared_expert_intermediate_size``)."""
     if facts.num_shared_experts == 0 and _count(get("shared_expert_intermediate_size")):
         facts.num_shared_experts = 1
-    return facts, cfg_obj

@@ -24,7 +24,7 @@ from torch import fx, nn
 from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.fusions.attention import layer_index, scaling_problem, sinks_problem
 from hfcheck.analyzer.fusions.base import FusionContext, Match
-from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions
+from hfcheck.analyzer.fusions.detect import ClassFusions, class_fusions, instance_fusions
 from hfcheck.analyzer.fusions.moe import (
     EXPERTS_NAME,
     MoEBlock,
@@ -177,22 +177,41 @@ def _vllm_expert_count(model: nn.Module) -> int | None:
         return None
 
 
-def observe(model: nn.Module, ctx: FusionContext) -> Observations:
-    graph = nx.DiGraph()
-    modules: list[ModuleObservation] = []
-    attention_by_layer: dict[int, list[str]] = defaultdict(list)
-    problems: list[str] = []
-    moe_blocks: list[tuple[str, MoEBlock]] = []
-    encoder: list[str] = []
-    linear_lost: list[tuple[str, str, str]] = []
-    expert_count = _vllm_expert_count(model)
+@dataclass
+class _Walk:
+    """The walk's accumulating state: what ``visit`` records as it goes, in visiting order."""
 
-    def visit(module: nn.Module, path: str) -> None:
-        graph.add_node(path or "<model>", cls=type(module).__name__)
+    ctx: FusionContext
+    expert_count: int | None
+    graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+    modules: list[ModuleObservation] = field(default_factory=list)
+    attention_by_layer: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    problems: list[str] = field(default_factory=list)
+    moe_blocks: list[tuple[str, MoEBlock]] = field(default_factory=list)
+    encoder: list[str] = field(default_factory=list)
+    linear_lost: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def visit(self, module: nn.Module, path: str) -> None:
+        """Record one module, then its children depth-first, in ``recursive_replace``'s order."""
+        self.graph.add_node(path or "<model>", cls=type(module).__name__)
         if getattr(module, "is_causal", True) is False:
-            encoder.append(path)
+            self.encoder.append(path)
         cf = class_fusions(module)
-        inst = instance_fusions(module, ctx)
+        self.modules.append(self._module_observation(module, path, cf))
+        if cf.trace is not None:
+            self.graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
+        kept_by_moe = self._record_moe_block(module, path)
+        for name, child in module.named_children():
+            child_path = f"{path}.{name}" if path else name
+            self.graph.add_edge(path or "<model>", child_path, kind="contains")
+            if isinstance(child, nn.Linear) and name not in kept_by_moe and (lost := linear_forward_lost(child)):
+                self.linear_lost.append((child_path, type(child).__name__, lost))
+            if not self._record_leaf(name, child, child_path):
+                self.visit(child, child_path)
+
+    def _module_observation(self, module: nn.Module, path: str, cf: ClassFusions) -> ModuleObservation:
+        """One module's fusions (chosen, rejected, refused) and trace, as the rules read them."""
+        inst = instance_fusions(module, self.ctx)
         names = [m.fusion for m in inst.chosen]
         obs = ModuleObservation(
             path=path,
@@ -213,67 +232,84 @@ def observe(model: nn.Module, ctx: FusionContext) -> Observations:
             if m.row_parallel:
                 obs.row_parallel[m.fusion] = m.row_parallel
             if m.fusion == "attention":
-                obs.attention = True
-                obs.layer_idx = layer_index(module)
-                obs.attention_problem = scaling_problem(m, module) or sinks_problem(m, module)
-                obs.sinks = m.details.get("s_aux") is not None
-                if obs.attention_problem:
-                    problems.append(f"{path}: {obs.attention_problem}")
-                if obs.layer_idx is not None:
-                    attention_by_layer[obs.layer_idx].append(path)
-                if cf.trace is not None and cf.trace.graph is not None and (kv := attention_key_value_linears(cf.trace.graph, module)):
-                    obs.key_value_widths = (module.get_submodule(kv[0]).out_features, module.get_submodule(kv[1]).out_features)
-        modules.append(obs)
-        if cf.trace is not None:
-            graph.add_edges_from(_dataflow_edges(cf.trace.graph, path), kind="dataflow")
+                self._record_attention(obs, m, module, cf)
+        return obs
+
+    def _record_attention(self, obs: ModuleObservation, m: Match, module: nn.Module, cf: ClassFusions) -> None:
+        """The attention match's layer, scaling or sinks problem and key / value widths."""
+        obs.attention = True
+        obs.layer_idx = layer_index(module)
+        obs.attention_problem = scaling_problem(m, module) or sinks_problem(m, module)
+        obs.sinks = m.details.get("s_aux") is not None
+        if obs.attention_problem:
+            self.problems.append(f"{obs.path}: {obs.attention_problem}")
+        if obs.layer_idx is not None:
+            self.attention_by_layer[obs.layer_idx].append(obs.path)
+        if cf.trace is not None and cf.trace.graph is not None and (kv := attention_key_value_linears(cf.trace.graph, module)):
+            obs.key_value_widths = (module.get_submodule(kv[0]).out_features, module.get_submodule(kv[1]).out_features)
+
+    def _record_moe_block(self, module: nn.Module, path: str) -> set[str]:
+        """Record the module as an MoE block where it is one; the names of the linears vLLM keeps as written."""
         kept_by_moe: set[str] = set()
         if MoEBlockFusion.find(None, module) is not None:
-            block = MoEBlockFusion.analyse(module, ctx)
+            block = MoEBlockFusion.analyse(module, self.ctx)
             if block.experts_replaceable:
                 experts = module.get_submodule(EXPERTS_NAME)
-                block = dataclasses.replace(block, expert_count_problem=expert_count_problem(experts, expert_count))
-            moe_blocks.append((path, block))
+                block = dataclasses.replace(block, expert_count_problem=expert_count_problem(experts, self.expert_count))
+            self.moe_blocks.append((path, block))
             if block.block_taken_over and block.gate:
                 kept_by_moe.add(block.gate)  # the router then runs inside vLLM's MoE runner, as written
-        for name, child in module.named_children():
-            child_path = f"{path}.{name}" if path else name
-            graph.add_edge(path or "<model>", child_path, kind="contains")
-            if isinstance(child, nn.Linear) and name not in kept_by_moe and (lost := linear_forward_lost(child)):
-                linear_lost.append((child_path, type(child).__name__, lost))
-            if isinstance(child, _NO_RECURSE):
-                graph.add_node(child_path, cls=type(child).__name__)
-                continue
-            if name == EXPERTS_NAME and experts_replaceable(child)[0]:
-                graph.add_node(child_path, cls=type(child).__name__, replaced="FusedMoE")
-                continue
-            visit(child, child_path)
+        return kept_by_moe
 
-    visit(model, "")
+    def _record_leaf(self, name: str, child: nn.Module, child_path: str) -> bool:
+        """Add a child vLLM replaces whole as a leaf node; False when the walk descends into it."""
+        if isinstance(child, _NO_RECURSE):
+            self.graph.add_node(child_path, cls=type(child).__name__)
+            return True
+        if name == EXPERTS_NAME and experts_replaceable(child)[0]:
+            self.graph.add_node(child_path, cls=type(child).__name__, replaced="FusedMoE")
+            return True
+        return False
+
+
+def observe(model: nn.Module, ctx: FusionContext) -> Observations:
+    walk = _Walk(ctx, _vllm_expert_count(model))
+    walk.visit(model, "")
     decoder = _decoder(model)
     decoder_path = next((name for name, m in model.named_modules() if m is decoder), "")
     components = _components(model, decoder_path)
-    for obs in modules:
+    for obs in walk.modules:
         obs.component = components(obs.path)
-    lists = [n for n, c in decoder.named_children() if isinstance(c, nn.ModuleList) and next(c.parameters(), None) is not None]
+    lists = _decoder_module_lists(decoder)
     tp_plan = dict(getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {})
     pp_plan = getattr(model, "_pp_plan", None) or None
     return Observations(
-        modules=modules,
-        attention_by_layer=dict(attention_by_layer),
-        attention_problems=problems,
-        moe_blocks=moe_blocks,
+        modules=walk.modules,
+        attention_by_layer=dict(walk.attention_by_layer),
+        attention_problems=walk.problems,
+        moe_blocks=walk.moe_blocks,
         decoder_class=type(decoder).__name__,
         decoder_module_lists=lists,
-        encoder_attention=encoder,
+        encoder_attention=walk.encoder,
         tp_plan=tp_plan,
         pp_plan=dict(pp_plan) if pp_plan else None,
-        graph=graph,
-        linear_forwards_lost=linear_lost,
+        graph=walk.graph,
+        linear_forwards_lost=walk.linear_lost,
         decoder_path=decoder_path,
-        language_model_attr=next((n for n in ("language_model", "text_model") if getattr(model, n, None) is not None), None),
+        language_model_attr=_language_model_attr(model),
         encoder_classes=_encoder_classes(model),
         multihead_attention=[name for name, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)],
     )
+
+
+def _decoder_module_lists(decoder: nn.Module) -> list[str]:
+    """The decoder's ModuleLists that hold parameters (the layer stacks vLLM splits for pipeline parallelism)."""
+    return [n for n, c in decoder.named_children() if isinstance(c, nn.ModuleList) and next(c.parameters(), None) is not None]
+
+
+def _language_model_attr(model: nn.Module) -> str | None:
+    """vLLM's ``get_language_model``: the first of ``language_model`` / ``text_model`` the model has."""
+    return next((n for n in ("language_model", "text_model") if getattr(model, n, None) is not None), None)
 
 
 def _components(model: nn.Module, decoder_path: str):
