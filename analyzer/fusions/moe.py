@@ -411,7 +411,7 @@ class MoEBlockFusion(Pattern):
 
     @classmethod
     def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        """Per module, not per class like the others: whether its experts child holds parameters decides."""
+        """Per module, not per class like the others: an experts child that is a ModuleList or holds parameters."""
         experts = dict(module.named_children()).get(EXPERTS_NAME)
         if experts is None or not (isinstance(experts, nn.ModuleList) or next(experts.parameters(), None) is not None):
             return None

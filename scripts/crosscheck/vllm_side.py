@@ -21,6 +21,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from common import build_cut_model, err, run_over_types  # noqa: E402
 
+import hfcheck  # noqa: E402
 from hfcheck.analyzer.crosscheck import (  # noqa: E402
     ask_fusers,
     import_vllm,
@@ -28,6 +29,12 @@ from hfcheck.analyzer.crosscheck import (  # noqa: E402
     stub_vllm_config,
     vllm_replaces_experts,
 )
+
+# importing hfcheck hides the packages vLLM's environment lacks (hfcheck.ABSENT_FROM_VLLM); this
+# side runs vLLM in its environment as it is, so whatever that environment has stays importable
+for _name in hfcheck.ABSENT_FROM_VLLM:
+    if _name in sys.modules and sys.modules[_name] is None:
+        del sys.modules[_name]
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()
@@ -51,7 +58,8 @@ def one(mt: str) -> dict:
             entry["candidates"] = answer.candidates
         if answer.chosen is not None:
             entry["chosen"] = answer.chosen
-        if (error := answer.error or answer.attention_error) is not None:
+        error = answer.error if answer.error is not None else answer.attention_error
+        if error is not None:
             entry["error"] = err(error)
         modules[path] = entry
         experts = dict(module.named_children()).get("experts")
