@@ -4,7 +4,7 @@
 # same transformers) from transformers 5.20 -> 5.24 modeling differences (agree on 5.20).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VPY=/work/vllmenv/venv/bin/python
+VPY=${VLLM_VENV:-.venv-vllm}/bin/python   # the venv scripts/ci_crosscheck.sh builds (VLLM_VENV: another)
 HPY=.venv/bin/python
 $VPY -c 'from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M; print("\n".join(M))' > /tmp/crosscheck_types_vllm.txt 2>/dev/null
 $HPY -c 'from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M; print("\n".join(M))' > /tmp/crosscheck_types_hfcheck.txt
