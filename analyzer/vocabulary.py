@@ -8,7 +8,7 @@ from __future__ import annotations
 
 VLLM_VERSION_MODELLED = "0.33.0"
 """The release the bundled tables (native architectures, its environment) were read from;
-the release a prediction is for is ``vllm_release.modelled_version()``."""
+the release a prediction is for is ``vllm.release.modelled_version()``."""
 
 FUSIONS: tuple[str, ...] = ("mla", "glu", "qkv", "packed_qkv", "merged_column", "rms_norm")
 """Fusion names in vLLM's priority order; at most one of the first five per instance."""

@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--fail-under", type=int, default=None, metavar="N", help="exit 1 when the score is below N")
     scan.add_argument("--verbose", "-v", action="store_true", help="also list passing checks")
     scan.add_argument("--graph", metavar="FILE", help="write the module dependency graph (networkx) as GraphML")
-    from hfcheck.analyzer.vllm_release import add_argument as add_vllm_argument
+    from hfcheck.analyzer.vllm.release import add_argument as add_vllm_argument
 
     add_vllm_argument(scan)
     scan.add_argument("--verify", action="store_true", help="also prove the fusions and parallel plans numerically on CPU")
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from hfcheck.analyzer.vllm_release import UnsupportedRelease, choose
+    from hfcheck.analyzer.vllm.release import UnsupportedRelease, choose
 
     try:
         choose(getattr(args, "vllm", None))
@@ -128,7 +128,7 @@ def _scan(args: argparse.Namespace) -> int:
 
         report = attach_proofs(report, analysis)
     if args.cross_check:
-        from hfcheck.analyzer.crosscheck import cross_check, summary_line
+        from hfcheck.analyzer.vllm.crosscheck import cross_check, summary_line
 
         report["cross_check"] = cross_check(analysis, report)
         if not report["cross_check"]["available"]:
@@ -166,7 +166,7 @@ def _scan(args: argparse.Namespace) -> int:
 
             render_proofs(report, console)
         if report.get("cross_check", {}).get("available"):
-            from hfcheck.analyzer.crosscheck import render_cross_check_text
+            from hfcheck.analyzer.vllm.crosscheck import render_cross_check_text
 
             render_cross_check_text(report["cross_check"], console)
     return policy.exit_code(report, args.fail_under)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.vllm_release import installed_is_cpu_build
+from hfcheck.analyzer.vllm.release import installed_is_cpu_build
 from hfcheck.runtime.batch import PROMPT, _first, attempt, build_folder, job_loop, vllm_engine
 from hfcheck.runtime.decisions import differences, predicted
 from hfcheck.runtime.tiny_vlm import word_tokenizer

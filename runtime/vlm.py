@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.vllm_release import installed_is_cpu_build
+from hfcheck.analyzer.vllm.release import installed_is_cpu_build
 from hfcheck.runtime.batch import _first, attempt, context_length, generate_in_vllm, job_loop
 from hfcheck.runtime.decisions import differences, predicted
 from hfcheck.runtime.tiny_vlm import BUILDERS, PROMPT_WORDS

@@ -235,7 +235,7 @@ def test_checks_doc_is_up_to_date():
 
 
 def test_cross_check_unavailable_without_vllm(blocked, monkeypatch):
-    from hfcheck.analyzer import crosscheck
+    from hfcheck.analyzer.vllm import crosscheck
 
     _, analysis, report = blocked
     if crosscheck.installed_vllm_version() is None:
@@ -305,7 +305,7 @@ def test_cli_sarif_github_policy_cross_check(blocked, tmp_path):
     bad.write_text("nope = 1\n")
     run = hfcheck("--policy", str(bad))
     assert run.returncode == 2 and run.stderr.count("\n") == 1
-    from hfcheck.analyzer.crosscheck import installed_vllm_version
+    from hfcheck.analyzer.vllm.crosscheck import installed_vllm_version
 
     if installed_vllm_version() is None:
         run = hfcheck("--cross-check", "--format", "json")

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hfcheck.analyzer import vocabulary as V
-from hfcheck.analyzer.remote.serving import serving_environment
+from hfcheck.analyzer.vllm.environment import serving_environment
 from hfcheck.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

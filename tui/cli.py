@@ -45,7 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=".", metavar="DIR", help="where j / m write hfcheck-tui.json / hfcheck-tui.md (default: .)")
     add_hub_arguments(p, DEFAULT_AUTHOR_LIMIT)
     add_ray_argument(p)
-    from hfcheck.analyzer.vllm_release import add_argument as add_vllm_argument
+    from hfcheck.analyzer.vllm.release import add_argument as add_vllm_argument
 
     add_vllm_argument(p)
     return p

@@ -17,7 +17,7 @@ from hfcheck.analyzer.report.cells import fusions_cell, largest_tp, moe_summary,
 from hfcheck.analyzer.sources.model_types import Target
 from hfcheck.analyzer.verdict import VERDICT_STYLE as VERDICT_STYLES
 from hfcheck.analyzer.verdict import VERDICTS
-from hfcheck.analyzer.vllm_release import modelled_version
+from hfcheck.analyzer.vllm.release import modelled_version
 
 QUEUED, SCANNING, DONE, CANCELLED = "queued", "scanning", "done", "cancelled"
 ERROR = "error"  # the verdict cell of a model whose analysis failed

@@ -24,7 +24,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S", help="seconds a group of workers may run")
     parser.set_defaults(handler=run)
-    from hfcheck.analyzer.vllm_release import add_argument as add_vllm_argument
+    from hfcheck.analyzer.vllm.release import add_argument as add_vllm_argument
 
     add_vllm_argument(parser)
     return parser

@@ -16,8 +16,8 @@ from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts.config_fields import as_count, check_config, text_config_of
 from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
-from hfcheck.analyzer.facts.native_fit import native_fit
-from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
+from hfcheck.analyzer.vllm.native_fit import native_fit
+from hfcheck.analyzer.vllm.registry import vllm_has_native
 
 
 @dataclass

@@ -34,7 +34,7 @@ class FusionContext:
     keeps transformers routing (``moe.divides_shared_output``). Built by
     ``analysis.fusion_context`` for scan, the sandbox and verify alike."""
     vllm_series: str = "0.33"
-    """The vLLM release modelled (``vllm_release.modelled_series``): the MoE block fuser differs."""
+    """The vLLM release modelled (``vllm.release.modelled_series``): the MoE block fuser differs."""
 
 
 @dataclass

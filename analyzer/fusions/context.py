@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from hfcheck.analyzer.fusions.base import FusionContext
 from hfcheck.analyzer.fusions.moe import divides_shared_output
-from hfcheck.analyzer.vllm_release import modelled_series
+from hfcheck.analyzer.vllm.release import modelled_series
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.facts import ModelFacts

@@ -26,7 +26,7 @@ from torch import fx, nn
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph.nodes import find, is_op, output_value, peel, reaches
 from hfcheck.analyzer.graph.tracer import Trace, trace_module
-from hfcheck.analyzer.vllm_release import modelled_series
+from hfcheck.analyzer.vllm.release import modelled_series
 
 EXPERTS_NAME = "experts"
 
@@ -222,7 +222,7 @@ def analyse_block(block: nn.Module, divides_shared_output: bool = False, series:
     """``divides_shared_output``: vLLM would divide the shared expert's output by
     ``routed_scaling_factor`` (fp16 overflow protection), so it keeps transformers routing
     (``FusionContext.divides_shared_output`` carries it, from ``divides_shared_output()``).
-    ``series``: the vLLM release modelled (``vllm_release``; None: the one chosen)."""
+    ``series``: the vLLM release modelled (``vllm.release``; None: the one chosen)."""
 
     experts = block.get_submodule(EXPERTS_NAME)
     replaceable, why = experts_replaceable(experts)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfcheck.analyzer.crosscheck import summary_line
 from hfcheck.analyzer.render.sarif import problems
+from hfcheck.analyzer.vllm.crosscheck import summary_line
 
 COMMAND = {"error": "error", "warning": "warning", "note": "notice"}
 

@@ -26,7 +26,7 @@ from hfcheck.analyzer.rules.parallel import (
 )
 from hfcheck.analyzer.rules.registry import RULES
 from hfcheck.analyzer.verdict import score_of, verdict_of
-from hfcheck.analyzer.vllm_release import modelled_version
+from hfcheck.analyzer.vllm.release import modelled_version
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.graph.observe import ModuleObservation, Observations

@@ -22,7 +22,7 @@ from hfcheck.analyzer.sweep.run import (
     instance_ok,
 )
 from hfcheck.analyzer.verdict import SUMMARY_ORDER
-from hfcheck.analyzer.vllm_release import modelled_version
+from hfcheck.analyzer.vllm.release import modelled_version
 from hfcheck.runtime.decisions import agreement, latest_rows, runtime_cell
 
 VERDICTS = SUMMARY_ORDER

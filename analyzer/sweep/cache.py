@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import hfcheck
-from hfcheck.analyzer.vllm_release import installed_vllm_version, modelled_version
+from hfcheck.analyzer.vllm.release import installed_vllm_version, modelled_version
 
 CACHE_FORMAT = 2  # bump when the shape of a stored result changes
 

@@ -49,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-atlas", action="store_true", help="do not write the atlas")
     add_hub_arguments(p, DEFAULT_HUB_LIMIT)
     add_ray_argument(p)
-    from hfcheck.analyzer.vllm_release import add_argument as add_vllm_argument
+    from hfcheck.analyzer.vllm.release import add_argument as add_vllm_argument
 
     add_vllm_argument(p)
     return p

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.facts.errors import FactsError
-from hfcheck.analyzer.facts.native_fit import native_fit
-from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
+from hfcheck.analyzer.vllm.native_fit import native_fit
+from hfcheck.analyzer.vllm.registry import vllm_has_native
 from hfcheck.command import EXIT_CLEAN as EXIT_OK
 from hfcheck.command import EXIT_FINDINGS as EXIT_REFUSED  # a refused port is a finding
 from hfcheck.environments import EnvError

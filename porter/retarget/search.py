@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.facts.vllm_registry import vllm_has_native
 from hfcheck.analyzer.shrink import first, head_counts
 from hfcheck.analyzer.tolerances import PORT_LOGITS
+from hfcheck.analyzer.vllm.registry import vllm_has_native
 from hfcheck.porter.reference.run import ReferenceRun
 from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
 from hfcheck.porter.retarget.plan import PlanError, Recipe, convert_state, expand, sources

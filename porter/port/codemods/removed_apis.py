@@ -248,7 +248,7 @@ class RemovedApis(Codemod):
         transformers_stream_generator) of a package vLLM's environment lacks: check_imports reads
         it all the same and refuses the whole file. Guarded, the file loads; the function raises
         the same ImportError, with the package to install, only when it is called."""
-        from hfcheck.analyzer.remote.serving import serving_environment
+        from hfcheck.analyzer.vllm.environment import serving_environment
 
         env = serving_environment()
         done: list[str] = []

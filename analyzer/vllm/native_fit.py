@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from hfcheck.analyzer.facts.vllm_registry import vllm_architecture_table
+from hfcheck.analyzer.vllm.registry import vllm_architecture_table
 
 MISMATCH_AT = 2
 """Absent keys (that vLLM's class reads) from which the config is another generation's."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from hfcheck.analyzer.vllm_release import installed_vllm_version
+from hfcheck.analyzer.vllm.release import installed_vllm_version
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.analysis import Analysis
