@@ -25,6 +25,7 @@ from hfcheck.analyzer.instance import (
 )
 from hfcheck.analyzer.remote import CodeFinding, static_findings
 from hfcheck.analyzer.sources import ModelSource
+from hfcheck.analyzer.vllm.target import Target, current
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Analysis:
     code: list[CodeFinding] | None = None
     """Every static finding on the remote code, passes included (None: the model has none);
     the HFC8xx rules report from it."""
+    target: Target = field(default_factory=current)
+    """The vLLM release, its transformers release and the platform the prediction is for."""
 
     @property
     def fusion_context(self) -> FusionContext:

@@ -1,14 +1,11 @@
 """The one place that names what hfcheck shares with vLLM and transformers.
 
 A vLLM or transformers release that renames a fusion, a layer kind or a TP style is an
-edit here. Values are those of vLLM 0.33.0 and transformers 5.24.
+edit here. Values are those of vLLM 0.32.0-0.34.0 and transformers 5.19-5.24; what differs
+between releases is read from each release's tables (``vllm.release.tables``).
 """
 
 from __future__ import annotations
-
-VLLM_VERSION_MODELLED = "0.33.0"
-"""The release the bundled tables (native architectures, its environment) were read from;
-the release a prediction is for is ``vllm.release.modelled_version()``."""
 
 FUSIONS: tuple[str, ...] = ("mla", "glu", "qkv", "packed_qkv", "merged_column", "rms_norm")
 """Fusion names in vLLM's priority order; at most one of the first five per instance."""
@@ -22,6 +19,7 @@ TP_STYLES_SHARDED = frozenset({"colwise", "rowwise", "colwise_gather_output", "r
 """Linear styles vLLM shards; any other style on a Linear silently becomes replicated."""
 
 MXFP4_METHODS = frozenset({"mxfp4", "gpt_oss_mxfp4"})
+"""Quantization methods the transformers backend refuses (``Base.__init__``, 0.32 to 0.34 alike)."""
 
 EXPERT_COUNT_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
 TOP_K_FIELDS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token", "experts_per_token", "top_k")

@@ -5,9 +5,9 @@ import sys
 __version__ = "0.1.0"
 
 ABSENT_FROM_VLLM = ("kernels",)
-"""Packages transformers changes models with when they are installed, and that vLLM 0.33's
-environment does not have (``analyzer/data/vllm_environment.json``; a test holds the two
-together). transformers 5.25 requires the ``kernels`` hub, and with it installed every
+"""Packages transformers changes models with when they are installed, and that no modelled vLLM
+release's environment has (``analyzer/data/vllm/<version>/environment.json``; a test holds the
+two together). transformers 5.25 requires the ``kernels`` hub, and with it installed every
 ``@use_kernelized_func`` class gets a ``(*args, **kwargs)`` forward router and
 ``apply_rotary_pos_emb`` becomes an unregistered module: what vLLM traces (no ``kernels``,
 the decorators do nothing) is the plain code. hfcheck analyses models as vLLM's environment

@@ -58,13 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     from hfcheck.analyzer.vllm.release import UnsupportedRelease, choose
 
     try:
-        choose(getattr(args, "vllm", None))
+        choose(getattr(args, "vllm", None), getattr(args, "platform", None), getattr(args, "transformers", None))
     except UnsupportedRelease as exc:
         return _fail(str(exc))
+    if hasattr(args, "vllm"):  # a command that predicts: it runs with the transformers of its target
+        code = _in_target_environment(argv)
+        if code is not None:
+            return code
     try:
         if args.command == "scan":
             return _scan(args)
@@ -95,6 +100,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("hfcheck: interrupted\n")
         return 130
     return EXIT_ERROR
+
+
+def _in_target_environment(argv: list[str]) -> int | None:
+    """Run the command again in the analysis environment of its target when this one imports
+    another transformers release (None: this environment is the target's)."""
+    from hfcheck.analyzer.vllm import target as T
+
+    needed = T.environment_needed()
+    if needed is None:
+        return None
+    import subprocess
+
+    from hfcheck.analyzer.vllm.release import TRANSFORMERS_ENV, modelled_version
+    from hfcheck.environments import EnvError, ensure_analysis_env
+
+    version = modelled_version()
+    try:
+        python = ensure_analysis_env(needed, log_fn=lambda message: sys.stderr.write(f"hfcheck: {message}\n"))
+    except EnvError as exc:
+        return _fail(f"vLLM {version} runs transformers {needed} (its pin: transformers{T.pin_of(version)}), and its environment could not "
+                     f"be built: {exc} (--transformers installed analyses with transformers {T.installed_transformers()} instead)")
+    env = {**os.environ, TRANSFORMERS_ENV: needed, T.SOURCE_ENV: "environment"}
+    try:
+        return subprocess.run([str(python), "-m", "hfcheck", *argv], env=env, check=False).returncode
+    except KeyboardInterrupt:
+        sys.stderr.write("hfcheck: interrupted\n")
+        return 130
 
 
 def _fail(message: str) -> int:

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.metadata as md
+import importlib.util
 import json
 import os
 import re
@@ -334,3 +335,86 @@ def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tup
             (venv / MANIFEST).write_text(json.dumps({"name": name, "requirements": requirements, "uninstalled": list(uninstall),
                                                      "versions": versions}, indent=1))
         return final, versions, round(time.monotonic() - start, 1)
+
+
+# --- the analysis environment of a prediction target ---------------------------------------
+
+ANALYSIS_PACKAGES = ("hfcheck", "hfcheck.analyzer", "hfcheck.porter", "hfcheck.runtime", "hfcheck.tui", "hfcheck.verify")
+"""The packages that make up hfcheck (the card's top-level folders ship as subpackages)."""
+OPTIONAL_IN_ANALYSIS = ("textual",)
+"""Packages hfcheck's commands use when present (the dashboard): carried into an analysis
+environment at the installed version."""
+HOME_FINDER = '''"""Makes the hfcheck that built this environment importable here (written by hfcheck)."""
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+PACKAGES = {packages!r}
+
+
+class HfcheckHome(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        folder = PACKAGES.get(name)
+        if folder is None:
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [os.path.dirname(folder)])
+
+
+sys.meta_path.insert(0, HfcheckHome())
+'''
+
+
+def hfcheck_locations() -> dict[str, str]:
+    """Where this process imports each of hfcheck's packages from (an editable checkout maps
+    them to the card's folders; a wheel puts them under one ``hfcheck`` folder)."""
+    out = {}
+    for name in ANALYSIS_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            out[name] = str(Path(next(iter(spec.submodule_search_locations))).resolve())
+    return out
+
+
+def analysis_requirements(transformers: str) -> list[str]:
+    """transformers at ``transformers``, hfcheck's own requirements but torch (the shared base)
+    and transformers, and the optional packages installed here, at their versions."""
+    reqs = [f"transformers=={transformers}"]
+    try:
+        declared = md.distribution("hfcheck").requires or []
+    except md.PackageNotFoundError:  # pragma: no cover - hfcheck runs from an installed distribution
+        declared = []
+    for line in declared:
+        if "extra ==" in line or _req_name(line) in ("torch", "transformers"):
+            continue
+        reqs.append(line.split(";")[0].strip())
+    for name in OPTIONAL_IN_ANALYSIS:
+        try:
+            reqs.append(f"{name}=={md.version(name)}")
+        except md.PackageNotFoundError:
+            pass
+    return reqs
+
+
+def ensure_analysis_env(transformers: str, log_fn: Callable[[str], None] | None = None) -> Path:
+    """The Python of a cached environment where hfcheck analyses with transformers
+    ``transformers`` (built on first use: about 30 s over the shared torch; raises EnvError).
+
+    The environment imports this very hfcheck (a meta-path finder written into it maps
+    hfcheck's packages to the folders this process imports them from), so a checkout's edits
+    and a wheel's version alike are what runs there."""
+    locations = hfcheck_locations()
+    requirements = analysis_requirements(transformers)
+    digest = hashlib.sha256(json.dumps([locations, requirements], sort_keys=True).encode()).hexdigest()[:8]
+
+    def check(versions: dict[str, str]) -> None:
+        if versions.get("transformers") != transformers:
+            raise EnvError(f"transformers {transformers} did not install (found {versions.get('transformers')})")
+
+    def finish(python: Path, site: Path, log: Path) -> None:
+        (site / "_hfcheck_home.py").write_text(HOME_FINDER.format(packages=locations))
+        (site / "_hfcheck_home.pth").write_text("import _hfcheck_home\n")
+
+    path, _, _ = ensure_venv(f"analysis-transformers-{transformers}-{digest}", requirements,
+                             what=f"hfcheck's analysis environment for transformers {transformers}", check=check, log_fn=log_fn, finish=finish)
+    return path / "bin" / "python"

@@ -264,11 +264,16 @@ def test_vllm_release_modelled_moe_fuser(tmp_path):
         (report,) = json.loads(proc.stdout).values()
         got[release] = report
     assert got["0.32"]["vllm_version_modelled"] == "0.32.0" and got["0.33.0"]["vllm_version_modelled"] == "0.33.0"
+    # each in the transformers release its vLLM runs with (the newest its pin admits), platform included
+    assert got["0.32"]["target"]["transformers"] == "5.19.0" and got["0.32"]["target"]["platform"] == "cpu"
+    assert got["0.33.0"]["target"]["transformers"] == "5.20.2" and got["0.33.0"]["target"]["platform"] == "cuda"
+    assert got["0.32"]["target"]["transformers_source"] == "environment"  # no release hfcheck's setup installs is in 0.32's pin
     (old,), (new,) = got["0.32"]["moe"], got["0.33.0"]["moe"]
     assert not old["internal_routing"] and "0.32" in old["reason"] and got["0.32"]["verdict"] == "runs"
     assert new["internal_routing"] and got["0.33.0"]["verdict"] == "native-speed"
     bad = subprocess.run([sys.executable, "-m", "hfcheck", "sweep", "type:granitemoe", "--vllm", "0.31"], capture_output=True, text=True, env=env, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["hfcheck: error: vLLM 0.31 is not modelled (hfcheck models 0.32.x, 0.33.x)"]
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "hfcheck: error: vLLM 0.31 is not modelled (hfcheck models 0.32.0, 0.33.0, 0.34.0; scripts/vllm_release_drill.py adds a release)"]
 
 
 @pytest.mark.parametrize(("release", "status"), [("0.32", "fail"), ("0.33", "pass")])

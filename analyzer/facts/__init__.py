@@ -17,7 +17,7 @@ from hfcheck.analyzer.facts.config_fields import as_count, check_config, text_co
 from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
 from hfcheck.analyzer.vllm.native_fit import native_fit
-from hfcheck.analyzer.vllm.registry import vllm_has_native
+from hfcheck.analyzer.vllm.registry import resolve_auto
 
 
 @dataclass
@@ -56,7 +56,12 @@ class ModelFacts:
     vllm_native: bool | None = None
     vllm_native_mismatch: str | None = None
     """Why vLLM's native class of this name does not compute this model (``native_fit``): None when it does."""
-    vllm_table_version: str = V.VLLM_VERSION_MODELLED
+    vllm_table_version: str = ""
+    """The vLLM release whose registry answered (the one predicted for)."""
+    vllm_auto: str = "unnamed"
+    """What ``--model-impl auto`` picks (``registry.AutoResolution.how``): native | listed | fallback | unnamed."""
+    vllm_auto_note: str = ""
+    """``AutoResolution.describe()``: the registry's answer in one line, with its release."""
     multimodal: bool = False
     """The config nests its text config (``config.get_text_config() is not config``): what vLLM
     reads as multimodal (``_get_transformers_backend_cls`` and ``Base._get_attn_cls``)."""
@@ -275,15 +280,17 @@ def _quantization(config: dict[str, Any], text: Any) -> dict[str, Any]:
 
 
 def _vllm_native_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """Whether vLLM's registry has a native class for the architecture, and whether it computes this model."""
-    native, table_version = vllm_has_native(list(config.get("architectures") or []))
+    """What vLLM's registry does with the architecture under ``--model-impl auto``, and whether a native class computes this model."""
+    resolution = resolve_auto(list(config.get("architectures") or []))
+    native, table_version = resolution.native, resolution.version
     mismatch = None
     if native and config.get("auto_map"):  # a Hub repo's own code under a registry name: is it the generation vLLM implements?
 
         fit = native_fit(str((config.get("architectures") or [""])[0]), config)
         if fit is not None and not fit.fits:
             native, mismatch = False, fit.describe()
-    return {"vllm_native": native, "vllm_native_mismatch": mismatch, "vllm_table_version": table_version}
+    return {"vllm_native": native, "vllm_native_mismatch": mismatch, "vllm_table_version": table_version,
+            "vllm_auto": resolution.how, "vllm_auto_note": resolution.describe()}
 
 
 def _identity_fields(config: dict[str, Any], cfg_obj: Any, model_type: Any, text_type: Any) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Which transformers-backend class vLLM builds for a model: generate or pooling, text or multimodal.
 
-One home for vLLM 0.33 ``ModelConfig._get_transformers_backend_cls`` and the architecture
+One home for vLLM's ``ModelConfig._get_transformers_backend_cls`` and the architecture
 suffix table it reads (``_SUFFIX_TO_DEFAULTS`` / ``try_match_architecture_defaults``; identical
-in 0.32): ``Transformers`` + ``MultiModal`` (the config nests a text config) + ``MoE`` (an
+in 0.32 to 0.34): ``Transformers`` + ``MultiModal`` (the config nests a text config) + ``MoE`` (an
 expert count) + ``EmbeddingModel`` / ``ForSequenceClassification`` when the architecture's
 suffix defaults to pooling with that task, else ``ForCausalLM`` (a pooling runner over a
 generative architecture adapts the LM class).
@@ -11,6 +11,8 @@ generative architecture adapts the LM class).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hfcheck.analyzer.vllm.release import tables
 
 SUFFIX_DEFAULTS: tuple[tuple[str, str, str], ...] = (
     ("ForCausalLM", "generate", "none"),
@@ -32,15 +34,11 @@ SUFFIX_DEFAULTS: tuple[tuple[str, str, str], ...] = (
 """(architecture suffix, runner, task), first match wins (vLLM's order)."""
 
 
-BACKEND_CLASSES = frozenset({
-    "TransformersForCausalLM", "TransformersMoEForCausalLM",
-    "TransformersMultiModalForCausalLM", "TransformersMultiModalMoEForCausalLM",
-    "TransformersEmbeddingModel", "TransformersMoEEmbeddingModel", "TransformersMultiModalEmbeddingModel",
-    "TransformersForSequenceClassification", "TransformersMoEForSequenceClassification",
-    "TransformersMultiModalForSequenceClassification",
-})
-"""The classes ``vllm.model_executor.models.transformers`` defines (0.32 and 0.33); any other name
-raises "does not currently have a class to handle the requested model type"."""
+def backend_classes() -> frozenset[str]:
+    """The classes ``vllm.model_executor.models.transformers`` defines in the release predicted
+    for (its registry's ``_TRANSFORMERS_BACKEND_MODELS``); any other name raises "does not
+    currently have a class to handle the requested model type"."""
+    return frozenset(tables()["registry"]["transformers_backend_classes"])
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ class BackendClass:
 
     @property
     def exists(self) -> bool:
-        return self.name in BACKEND_CLASSES
+        return self.name in backend_classes()
 
 
 def architecture_defaults(architecture: str) -> tuple[str, str] | None:
@@ -81,16 +79,13 @@ def backend_class(architectures: list[str], multimodal: bool, moe: bool) -> Back
     return BackendClass(name, runner, task)
 
 
-MM_PREFIX_LM_MODELS = ("bagel", "gemma3", "molmo2", "moondream3", "paligemma")
-"""Model types vLLM serves as multimodal prefix LMs (bidirectional attention over each item's
-placeholder tokens) when the config sets no ``is_mm_prefix_lm``: ``ModelArchConfigConvertor.is_mm_prefix_lm``
-(vLLM 0.32 and 0.33 ``transformers_utils/model_arch_config_convertor.py``). Only attention
-backends with ``supports_mm_prefix()`` apply it (FlashAttention, Triton, FlexAttention; not the
-CPU build's)."""
-
-
 def is_mm_prefix_lm(model_type: str, config: dict) -> bool:
-    """vLLM's ``is_mm_prefix_lm`` for a multimodal config (``config`` as config.json holds it)."""
+    """vLLM's ``is_mm_prefix_lm`` for a multimodal config (``config`` as config.json holds it):
+    the config's own flag, else the release's list of model types
+    (``ModelArchConfigConvertorBase.is_mm_prefix_lm``: bagel, gemma3, molmo2, moondream3,
+    paligemma in 0.32 to 0.34). vLLM then makes each multimodal item's placeholder tokens attend
+    both ways; only attention backends with ``supports_mm_prefix()`` apply it (FlashAttention 4,
+    Triton, FlexAttention and the composite Triton ones; not FlashInfer, not the CPU build's)."""
     if isinstance(config.get("is_mm_prefix_lm"), bool):
         return config["is_mm_prefix_lm"]
-    return model_type in MM_PREFIX_LM_MODELS
+    return model_type in tables()["mm_prefix_lm_model_types"]

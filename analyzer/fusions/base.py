@@ -33,7 +33,7 @@ class FusionContext:
     """fp16 with ``routed_scaling_factor != 1``: vLLM divides the shared expert's output and
     keeps transformers routing (``moe.divides_shared_output``). Built by
     ``analysis.fusion_context`` for scan, the sandbox and verify alike."""
-    vllm_series: str = "0.33"
+    vllm_series: str = "0.34"
     """The vLLM release modelled (``vllm.release.modelled_series``): the MoE block fuser differs."""
 
 

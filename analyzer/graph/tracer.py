@@ -190,27 +190,25 @@ def _opaque_attention_interfaces():
     return mock.patch.object(AttentionInterface, "get_interface", get_interface)
 
 
-_CACHE_RENAMES = frozenset({"past_key_values", "cache_params"})
+CACHE_RENAMES = frozenset({"past_key_values", "cache_params"})
 
 
-def _without_cache_rename(fn: Callable) -> Callable:
-    """Peel only the ``@deprecate_kwarg(<old>, new_name="cache")`` wrappers transformers 5.21+
-    put on forwards when it renamed the cache argument.
-
-    fx cannot trace such a ``(*args, **kwargs)`` wrapper, and the transformers releases vLLM
-    0.33 runs on (<= 5.20) do not have it, so the function underneath is what vLLM traces.
-    Any *other* wrapper is kept: vLLM traces it as it is (and usually gets a cut graph).
-    """
+def cache_rename_wrapper(fn: Callable) -> bool:
+    """Is ``fn`` wrapped in the ``@deprecate_kwarg(<old>, new_name="cache")`` transformers 5.24
+    put on forwards when it renamed the cache argument? vLLM's fx trace of such a
+    ``(*args, **kwargs)`` wrapper stops after the placeholders (vLLM 0.34 with transformers
+    5.24 forced: ``get_fusers(LlamaAttention)`` finds only the AttentionFuser; with 5.22.2 the
+    qkv and merged-column fusers too), and so does hfcheck's: the wrapper is traced as vLLM
+    traces it, never peeled. No transformers release a modelled vLLM admits has it."""
     while hasattr(fn, "__wrapped__"):
         try:
             names = inspect.getclosurevars(fn).nonlocals
         except (TypeError, ValueError):
-            break
-        if names.get("new_name") == "cache" and names.get("old_name") in _CACHE_RENAMES:
-            fn = fn.__wrapped__
-        else:
-            break
-    return fn
+            return False
+        if names.get("new_name") == "cache" and names.get("old_name") in CACHE_RENAMES:
+            return True
+        fn = fn.__wrapped__
+    return False
 
 
 def forward_parameters(cls: type[nn.Module]) -> dict[str, inspect.Parameter]:
@@ -238,14 +236,14 @@ def trace_module(module: nn.Module) -> Trace:
     tracer.kwargs_name = next(
         (p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
     )
-    forward = type(module).forward
     try:
-        unwrapped = _without_cache_rename(forward)
-        patch = mock.patch.object(type(module), "forward", unwrapped) if unwrapped is not forward else contextlib.nullcontext()
-        with _opaque_attention_interfaces(), patch:
+        with _opaque_attention_interfaces():
             graph = tracer.trace(module, concrete_args=concrete)
         return Trace(graph, complete=True)
     except Exception as exc:  # noqa: BLE001 - any failure is a fact about the class, not a crash
         graph = getattr(tracer, "graph", None)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip(": ")
+        if cache_rename_wrapper(type(module).forward):
+            reason = ("transformers' @deprecate_kwarg(..., new_name='cache') wrapper on forward: the fx trace stops after the "
+                      f"placeholders, in vLLM's tracer as here ({reason})")
         return Trace(graph, complete=False, error=reason[:300])

@@ -175,6 +175,7 @@ def render_sarif(report: dict[str, Any], model_dir: str | None = None) -> dict[s
             "model": model.get("ref"),
             "model_type": model.get("model_type"),
             "vllm_version_modelled": report.get("vllm_version_modelled"),
+            "target": report.get("target"),
             "serve_command": report.get("serve_command"),
             **({"policy_score": report["policy"]["score"]} if report.get("policy") else {}),
         },

@@ -26,6 +26,10 @@ def render_text(report: dict[str, Any], console: Console, verbose: bool = False)
     lines = [head, Text(f"source: {model['source']}" + (f" — {model['source_note']}" if model["source_note"] else ""), style="dim")]
     if model.get("parameters"):
         lines.append(Text(f"parameters: {model['parameters'] / 1e9:.2f} B", style="dim"))
+    target = report.get("target") or {}
+    if target:
+        lines.append(Text(f"predicted for: {target['label']}", style="dim"))
+        lines += [Text(f"! {note}", style="yellow") for note in target.get("notes") or []]
     console.print(Panel(Group(*lines), title="hfcheck scan", title_align="left"))
     if report["blockers"]:
         console.print(Text("Blockers", style="bold red"))

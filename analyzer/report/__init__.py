@@ -24,16 +24,19 @@ from hfcheck.analyzer.rules.parallel import (
     refusal_scope,
     tp_constraints,
 )
-from hfcheck.analyzer.rules.registry import RULES
+from hfcheck.analyzer.rules.registry import BY_CODE, RULES
 from hfcheck.analyzer.verdict import score_of, verdict_of
-from hfcheck.analyzer.vllm.release import modelled_version
+from hfcheck.analyzer.vllm.release import tables
+from hfcheck.analyzer.vllm.sources import cite_all
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.graph.observe import ModuleObservation, Observations
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 """1.1: ``serve`` (which implementation the serve command uses, and why) and
-``parallel.tp.refusal_scope`` (whether a refused TP size is refused by every backend)."""
+``parallel.tp.refusal_scope`` (whether a refused TP size is refused by every backend).
+1.3: ``target`` (the vLLM release, the transformers release it runs with, the platform),
+``serve.auto`` (what ``--model-impl auto`` picks) and each check's ``vllm_source``."""
 
 
 def schema() -> dict[str, Any]:
@@ -44,7 +47,7 @@ def run_rules(analysis: Analysis) -> list[Finding]:
     findings: list[Finding] = []
     for rule in RULES:
         try:
-            findings.extend(rule().check(analysis))
+            findings.extend(rule.on_platform(rule().check(analysis), analysis.target.platform))
         except Exception as exc:  # noqa: BLE001 - a rule bug is a recorded fact, never a crash of the scan
             findings.append(Finding(rule.code, "inconclusive", f"check crashed: {type(exc).__name__}: {exc}", None, rule.impact))
     return findings
@@ -67,26 +70,37 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "hfcheck_version": hfcheck.__version__,
-        "vllm_version_modelled": modelled_version(),
+        "vllm_version_modelled": analysis.target.vllm,
         "transformers_version": _transformers_version(),
+        "target": analysis.target.to_dict(),
         "verdict": verdict,
         "score": score,
         "model": _model_section(analysis, mem),
         "processor": analysis.processor.to_dict() if analysis.processor else None,
         "blockers": blockers,
-        "checks": [f.to_dict() for f in findings],
+        "checks": [_check(f) for f in findings],
         "modules": modules,
         "layers": layers,
         "moe": moe,
         "parallel": _parallel_section(obs, tp_plan, sizes, pp_supported, ep_supported),
         "memory": _memory_section(mem, serve.tp, serve.pp),
         "serve_command": serve.command,
-        "serve": {"implementation": serve.implementation, "note": serve_note(analysis, serve.implementation, blockers)},
+        "serve": {"implementation": serve.implementation, "auto": facts.vllm_auto,
+                  "note": serve_note(analysis, serve.implementation, blockers)},
         "missing_code": list(source.missing_code),
         "code_findings": code_findings(source),
         "analysis": _analysis_section(analysis),
         "timings_s": {k: round(v, 3) for k, v in analysis.timings.items()},
     }
+
+
+def _check(finding: Finding) -> dict[str, Any]:
+    """A finding as the report shows it, with the vLLM code its rule models (release predicted for)."""
+    out = finding.to_dict()
+    rule = BY_CODE.get(finding.code)
+    if rule is not None and rule.vllm_source:
+        out["vllm_source"] = cite_all(rule.vllm_source)
+    return out
 
 
 @dataclass(frozen=True)
@@ -271,7 +285,8 @@ def serve_command(analysis: Analysis, verdict: str, tp: int | None, pp: int, ep:
     ref = analysis.source.repo_id or analysis.source.location or analysis.source.ref
     parts = ["vllm", "serve", ref]
     if implementation == "transformers":
-        parts += ["--model-impl", "transformers"]
+        if analysis.facts.vllm_auto != "listed":  # a listed architecture is served by the backend under the default auto
+            parts += ["--model-impl", "transformers"]
         remote = bool(analysis.facts.auto_map)
     else:  # the native class is vLLM's own; only a config class transformers lacks is remote code
         remote = bool(analysis.facts.auto_map) and not analysis.facts.known_to_transformers
@@ -283,14 +298,20 @@ def serve_command(analysis: Analysis, verdict: str, tp: int | None, pp: int, ep:
         parts += ["--pipeline-parallel-size", str(pp)]
     if ep and tp and tp > 1:
         parts.append("--enable-expert-parallel")
+    if analysis.facts.quant_method in tables(analysis.target.vllm)["quantization"]["deprecated"]:
+        parts.append("--allow-deprecated-quantization")  # HFC701: refused without it
     return " ".join(parts)
 
 
 def serve_note(analysis: Analysis, implementation: str | None, blockers: list[str]) -> str | None:
-    """One sentence on why the command is not the transformers backend's (None when it is)."""
-    if implementation == "transformers":
-        return None
+    """One sentence on why the command is not the transformers backend's, or why it needs no
+    ``--model-impl`` (None: the backend's command, flag and all)."""
     facts = analysis.facts
+    if implementation == "transformers":
+        if facts.vllm_auto == "listed":
+            return (f"vLLM {facts.vllm_table_version} lists {', '.join(facts.architectures)} to the transformers backend: the default "
+                    "--model-impl auto serves it through the backend, so the command needs no --model-impl")
+        return None
     why = "; ".join(blockers) or "a blocker check failed"
     archs = ", ".join(facts.architectures) or "this model"
     if implementation == "native":
@@ -298,6 +319,8 @@ def serve_note(analysis: Analysis, implementation: str | None, blockers: list[st
                 f"picks it); the transformers backend (--model-impl transformers) cannot serve it: {why}")
     native = ("and no architecture is named, so vLLM has no native implementation to use" if facts.vllm_native is None
               else f"and vLLM's native class of that name is not this model: {facts.vllm_native_mismatch}" if facts.vllm_native_mismatch
+              else f"and vLLM {facts.vllm_table_version} lists {archs} to the transformers backend, so the default --model-impl auto "
+                   "fails the same way" if facts.vllm_auto == "listed"
               else f"and vLLM has no native implementation of {archs} (vLLM {facts.vllm_table_version} registry)")
     return f"vLLM's transformers backend cannot serve it ({why}) {native}"
 

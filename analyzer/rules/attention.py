@@ -22,6 +22,11 @@ class AttentionCoverage(Rule):
     )
     example = "Qwen3-Next: layers 0-2 of every 4 are linear attention (Gated DeltaNet): blocked"
     fix = "Only softmax attention (full / sliding / chunked) is served; a model with other layer kinds needs a native vLLM implementation."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base._create_attention_instances",
+        "model_executor/models/transformers/base.py::Base.recursive_replace",
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.layer_index",
+    )
 
     def check(self, analysis) -> list[Finding]:
         facts = analysis.facts
@@ -98,6 +103,7 @@ class UnmanagedStateSpace(Rule):
     )
     example = "falcon_h1: every layer is `hybrid` (attention + Mamba2 in parallel)"
     fix = "Serve it with a native vLLM implementation (`--model-impl auto`) where one exists."
+    vllm_source = ("model_executor/models/transformers/base.py::Base._create_attention_instances",)
 
     def check(self, analysis) -> list[Finding]:
         hybrid = [i for i, k in enumerate(analysis.facts.layer_types) if k in _SSM_BESIDE_ATTENTION]
@@ -122,6 +128,11 @@ class MLAHeadSize(Rule):
     fix = (
         "Serve it with vLLM's native implementation where one exists (`--model-impl auto`); for the transformers "
         "backend vLLM has to list the model type with its DeepSeek-style MLA models."
+    )
+    vllm_source = (
+        "model_executor/layers/attention/mla_attention.py::MLACommonMetadata.__post_init__",
+        "transformers_utils/model_arch_config_convertor.py::ModelArchConfigConvertorBase.get_head_size",
+        "transformers_utils/model_arch_config_convertor.py::ModelArchConfigConvertorBase.is_deepseek_mla",
     )
 
     def check(self, analysis) -> list[Finding]:
@@ -160,6 +171,11 @@ class ValueHeadSize(Rule):
     )
     example = "MiMo-V2-Flash: k_proj -> kv_heads x 192, v_proj -> kv_heads x 128"
     fix = "Serve it with vLLM's native implementation where one exists (`--model-impl auto`)."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base._create_attention_instances",
+        "model_executor/models/transformers/__init__.py::vllm_attention_forward",
+        "model_executor/layers/attention/attention.py::Attention.forward",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -187,6 +203,11 @@ class AttentionArguments(Rule):
     why = "vLLM reads the softmax scale and attention sinks from the forward's source; anything else raises 'Cannot resolve attention scaling expression'."
     example = "attention_interface(self, q, k, v, mask, scaling=self.head_dim ** -0.5)   # an expression: refused"
     fix = "Store the scale on the module in __init__ (`self.scaling = self.head_dim ** -0.5`) and pass `scaling=self.scaling`."
+    vllm_source = (
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.scale",
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.sinks",
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.match",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -219,6 +240,11 @@ class EncoderModels(Rule):
     )
     example = "t5, bart (is_encoder_decoder: true): refused; Gemma 3 (bidirectional SigLIP tower): decoder attention, served"
     fix = "Use a decoder-only checkpoint, or a native vLLM implementation where one exists."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base._get_attn_cls",
+        "config/model.py::ModelConfig.is_multimodal_model",
+        "config/model.py::ModelConfig.is_mm_prefix_lm",
+    )
 
     def check(self, analysis) -> list[Finding]:
         facts = analysis.facts

@@ -10,8 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from hfcheck.analyzer.vllm.release import modelled_version
+from hfcheck.analyzer.vllm.sources import cite_all
+
 if TYPE_CHECKING:
     from hfcheck.analyzer.analysis import Analysis
+
+PLATFORM_LABELS = {"cuda": "CUDA GPUs", "cpu": "vLLM's CPU build"}
 
 Status = Literal["pass", "fail", "warn", "info", "inconclusive"]
 Impact = Literal["blocker", "speed", "parallel", "info"]
@@ -48,6 +53,15 @@ class Rule:
     why: ClassVar[str]
     example: ClassVar[str]
     fix: ClassVar[str]
+    vllm_source: ClassVar[tuple[str, ...]] = ()
+    """What of vLLM's code the rule models, as ``"<path under vllm/>::<qualified name>"``: printed
+    with the line of the release predicted for (``vllm.sources.cite``)."""
+    platforms: ClassVar[tuple[str, ...]] = ("cuda", "cpu")
+    """The platforms whose vLLM code path the rule's evidence is (``vllm.release.PLATFORMS``).
+    On any other, a failure becomes an ``info`` finding that names where it fails
+    (``details["fails_on"]``) and why it does not fail here (``elsewhere``): ``on_platform``."""
+    elsewhere: ClassVar[str] = ""
+    """Why the failure does not happen on the platforms outside ``platforms`` (vLLM's code there)."""
 
     def check(self, analysis: Analysis) -> list[Finding]:
         raise NotImplementedError
@@ -69,14 +83,37 @@ class Rule:
         return Finding(self.code, "inconclusive", message, None, self.impact, details)
 
     @classmethod
+    def on_platform(cls, findings: list[Finding], platform: str) -> list[Finding]:
+        """``findings`` as they hold on ``platform``: a failure measured on another platform's code
+        path is recorded, not counted (status ``info``, ``details["fails_on"]``)."""
+        if platform in cls.platforms:
+            return findings
+        where = " and ".join(PLATFORM_LABELS.get(p, p) for p in cls.platforms)
+        here = PLATFORM_LABELS.get(platform, platform)
+        out = []
+        for f in findings:
+            if f.status in ("fail", "warn"):
+                why = f" ({cls.elsewhere})" if cls.elsewhere else ""
+                f = Finding(f.code, "info", f"on {where} only, not on {here}{why}: {f.message}", None, f.impact,
+                            {**f.details, "fails_on": cls.platforms[0]})
+            out.append(f)
+        return out
+
+    @classmethod
     def documentation(cls) -> str:
-        return (
+        text = (
             f"{cls.code} {cls.name}\n\n"
             f"What it checks\n  {cls.what}\n\n"
             f"Why it matters\n  {cls.why}\n\n"
             f"Example\n{_indent(cls.example)}\n\n"
             f"Fix\n  {cls.fix}\n"
         )
+        if cls.platforms != ("cuda", "cpu"):
+            text += (f"\nPlatforms\n  holds on {' and '.join(PLATFORM_LABELS.get(p, p) for p in cls.platforms)} only"
+                     + (f": {cls.elsewhere}" if cls.elsewhere else "") + "\n")
+        if cls.vllm_source:
+            text += f"\nvLLM source (vLLM {modelled_version()})\n" + "\n".join(f"  {c}" for c in cite_all(cls.vllm_source)) + "\n"
+        return text
 
 
 def _indent(text: str) -> str:

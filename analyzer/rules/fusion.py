@@ -31,6 +31,11 @@ class AttentionProjections(Rule):
     )
     example = "GPT-2: c_attn is a Conv1D, not nn.Linear, so nothing fuses"
     fix = "Use three nn.Linear projections called once each on the forward's hidden_states (or one nn.Linear followed by .split((q, kv, kv), -1))."
+    vllm_source = (
+        "model_executor/models/transformers/fusers/qkv.py::QKVFuser",
+        "model_executor/models/transformers/fusers/packed_qkv.py::PackedQKVFuser",
+        "model_executor/models/transformers/fusers/mla.py::MLAFuser",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -69,6 +74,11 @@ class GatedMLP(Rule):
         "CLIPMLP / SiglipMLP (fc1 -> act -> fc2, no gate): nothing to fuse, noted only"
     )
     fix = "Call `self.act_fn(self.gate_proj(x)) * self.up_proj(x)` with an ACT2FN activation that has a fused kernel (silu, gelu, gelu_pytorch_tanh) and equal gate/up sizes."
+    vllm_source = (
+        "model_executor/models/transformers/fusers/glu.py::GLUFuser.match",
+        "model_executor/models/transformers/fusers/glu.py::GLUFuser.validate",
+        "model_executor/models/transformers/fusers/merged_column.py::MergedColumnParallelFuser",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -97,6 +107,10 @@ class RMSNormDetected(Rule):
     why = "vLLM warns '<X>RMSNorm looks like an RMSNorm but its computation did not match' and runs the slow eager norm."
     example = "a norm computing in a helper function, or with extra work after the weight multiply"
     fix = "Write the norm as `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)` times `self.weight` (or `1 + self.weight`) and return it."
+    vllm_source = (
+        "model_executor/models/transformers/fuser.py::get_fusers",
+        "model_executor/models/transformers/fusers/rms_norm.py::RMSNormFuser.match",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations

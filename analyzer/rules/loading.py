@@ -37,6 +37,11 @@ class CheckpointLoads(Rule):
         "the base model's forward), and anchor ignore patterns (r\"\\.attn\\.bias$\") so they match only the "
         "buffers they mean."
     )
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base._create_hf_to_vllm_mapper",
+        "model_executor/models/utils.py::AutoWeightsLoader._load_module",
+        "model_executor/model_loader/default_loader.py::DefaultModelLoader.track_weights_loading",
+    )
 
     def check(self, analysis) -> list[Finding]:
         names = analysis.checkpoint
@@ -83,6 +88,10 @@ class LinearSubclassForward(Rule):
     fix = (
         "Make such a module an nn.Module that holds an nn.Linear child (or a weight Parameter) and does its extra "
         "work in its own forward: vLLM then replaces only the plain linear."
+    )
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base.recursive_replace",
+        "model_executor/models/transformers/utils.py::replace_linear_class",
     )
 
     def check(self, analysis) -> list[Finding]:

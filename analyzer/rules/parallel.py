@@ -99,6 +99,11 @@ class TensorParallelPlan(Rule):
     why = "Without a plan, vLLM (>= 0.25) warns and replicates every linear the fusers did not shard: TP > 1 loads but gains little."
     example = "a remote-code model with no base_model_tp_plan and no fused projections"
     fix = "Declare `base_model_tp_plan` on the config class (q/k/v/gate/up colwise, o/down rowwise), or make the projections fuse."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base._tp_plan",
+        "model_executor/models/transformers/base.py::Base.recursive_replace",
+        "model_executor/models/transformers/utils.py::replace_linear_class",
+    )
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations
@@ -140,6 +145,11 @@ class TensorParallelSizes(Rule):
     )
     example = "14 heads: TP 4 and 8 are refused, by the native implementation as well (info)"
     fix = "Pick a TP size from the working list, or combine TP with pipeline parallelism."
+    vllm_source = (
+        "config/model.py::ModelConfig.verify_with_parallel_config",
+        "model_executor/layers/linear.py::QKVParallelLinear.__init__",
+        "model_executor/layers/linear.py::MergedColumnParallelLinear.__init__",
+    )
 
     def check(self, analysis) -> list[Finding]:
         out, ok = [], []
@@ -168,6 +178,7 @@ class PipelineParallel(Rule):
     why = "vLLM refuses PP > 1 for 'models with multiple `ModuleList`s in the base model' or none at all."
     example = "a decoder holding `layers` and `mamba_layers` ModuleLists: PP refused"
     fix = "Keep all decoder layers in one nn.ModuleList and declare `base_model_pp_plan` on the config class."
+    vllm_source = ("model_executor/models/transformers/base.py::Base.pipeline_parallel",)
 
     def check(self, analysis) -> list[Finding]:
         obs = analysis.observations

@@ -39,6 +39,7 @@ class LegacyDroppedWeights(Rule):
     )
     example = "ElectraModel with embedding_size 128, hidden_size 256: embeddings_project.weight never loaded"
     fix = "Serve it with vLLM's native implementation where one exists (`--model-impl auto`), or give the layer another name."
+    vllm_source = ("model_executor/models/transformers/legacy.py::LegacyMixin.__init__",)
 
     def check(self, analysis) -> list[Finding]:
         cls = _pooling_class(analysis)
@@ -84,6 +85,10 @@ class PoolingForwardAsCalled(Rule):
     example = "CamembertModel: positions from pad_token_id + 1 in transformers, from 0 in vLLM: hidden states differ"
     fix = ("Serve it with vLLM's native implementation where one exists (`--model-impl auto`); give the config what the forward "
            "needs (`default_language`); or compute positions from 0 as BERT does.")
+    vllm_source = (
+        "model_executor/models/transformers/legacy.py::LegacyMixin.forward",
+        "model_executor/models/transformers/base.py::Base.forward",
+    )
 
     def check(self, analysis) -> list[Finding]:
         cls = _pooling_class(analysis)
@@ -138,6 +143,7 @@ class ClassifierHead(Rule):
     )
     example = "BertForSequenceClassification.classifier, LlamaForSequenceClassification.score: found"
     fix = "Name the classification head `classifier` or `score`, as transformers' classes do."
+    vllm_source = ("model_executor/models/transformers/pooling.py::SequenceClassificationMixin.__init__",)
 
     def check(self, analysis) -> list[Finding]:
         cls = _pooling_class(analysis)

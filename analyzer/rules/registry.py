@@ -32,6 +32,7 @@ from hfcheck.analyzer.rules.pooling import POOLING_RULES
 from hfcheck.analyzer.rules.quantization import Quantization
 from hfcheck.analyzer.rules.remote_code import REMOTE_CODE_RULES
 from hfcheck.analyzer.rules.resolution import (
+    BackendTransformersMinimum,
     ClassResolution,
     CompatibilityGate,
     InstanceBuilt,
@@ -44,6 +45,7 @@ RULES: tuple[type[Rule], ...] = (
     CompatibilityGate,
     NativeImplementation,
     InstanceBuilt,
+    BackendTransformersMinimum,
     PerLayerAttributeReadGlobally,
     CheckpointLoads,
     LinearSubclassForward,

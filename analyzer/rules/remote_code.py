@@ -26,6 +26,7 @@ class SandboxedBuild(Rule):
     )
     example = "hfcheck scan ./my-model --trust-remote-code"
     fix = "Fix the error the build reports; remove network, process and file-system access from the modeling code."
+    vllm_source = ("model_executor/models/transformers/base.py::Base._create_model",)
 
     def check(self, analysis) -> list[Finding]:
         result = getattr(analysis, "sandbox", None)

@@ -8,6 +8,7 @@ import sys
 from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.remote.ast_helpers import passes_source_test
 from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.vllm.release import tables
 
 
 def source_gate(cls: type) -> bool:
@@ -34,6 +35,7 @@ class ClassResolution(Rule):
     )
     example = '"architectures": ["MyNewLMForCausalLM"]   # not in transformers, no auto_map'
     fix = "Publish the modeling code with the model and name it in config.json's auto_map (AutoConfig, AutoModel, AutoModelForCausalLM)."
+    vllm_source = ("model_executor/models/registry.py::_ModelRegistry._try_resolve_transformers",)
 
     def check(self, analysis) -> list[Finding]:
         facts = analysis.facts
@@ -53,8 +55,11 @@ class CompatibilityGate(Rule):
     why = (
         "vLLM checks `cls.is_backend_compatible() or cls._can_set_attn_implementation()`; the source "
         "test fails when the module defines `class *Attention*(nn.Module)` without calling "
-        "`ALL_ATTENTION_FUNCTIONS.get_interface(`. Failing: 'The Transformers implementation of X is not compatible with vLLM.'"
+        "`ALL_ATTENTION_FUNCTIONS.get_interface(`. Failing: 'The Transformers implementation of X is not compatible with vLLM.' "
+        "The gate is asked by `_try_resolve_transformers` only: an architecture the registry lists to the backend "
+        "(`_TRANSFORMERS_SUPPORTED_MODELS`) is built under `--model-impl auto` without it."
     )
+    vllm_source = ("model_executor/models/registry.py::_ModelRegistry._try_resolve_transformers",)
     example = "class MyPreTrainedModel(PreTrainedModel):\n    _supports_attention_backend = False   # and attention written by hand"
     fix = "Dispatch attention through ALL_ATTENTION_FUNCTIONS.get_interface(...) and set `_supports_attention_backend = True` on the PreTrainedModel subclass."
 
@@ -73,28 +78,84 @@ class CompatibilityGate(Rule):
             return [self.passed(f"{cls.__name__}._supports_attention_backend is True")]
         if source_gate(cls):
             return [self.passed(f"{cls.__name__}'s module passes the source test (interface dispatch found)")]
-        return [self.failed(f"{cls.__name__} neither sets _supports_attention_backend nor dispatches via get_interface")]
+        refused = f"{cls.__name__} neither sets _supports_attention_backend nor dispatches via get_interface"
+        if analysis.facts.vllm_auto == "listed":  # auto takes the registry's backend class without asking the gate
+            return [self.warned(f"{refused}: `--model-impl transformers` refuses it, while the default `--model-impl auto` (vLLM "
+                                f"{analysis.facts.vllm_table_version} lists the architecture to the backend) builds it without asking")]
+        return [self.failed(refused)]
 
 
 class NativeImplementation(Rule):
     code = "HFC103"
     name = "vllm-native-implementation"
     impact = "info"
-    what = "Whether vLLM has its own (native) implementation of the architecture."
+    what = "What vLLM's registry does with the architecture under `--model-impl auto` (the default), in the release predicted for."
     why = (
-        "With `--model-impl auto`, vLLM uses its native class when it has one and falls back to the "
-        "transformers backend otherwise. hfcheck analyses the transformers backend "
-        "(`--model-impl transformers`); a native class is an alternative, not a requirement."
+        "With `--model-impl auto`, vLLM uses its native class when it has one, serves the architectures its registry lists "
+        "to the transformers backend (`_TRANSFORMERS_SUPPORTED_MODELS`) through the backend, and falls back to the backend "
+        "for a name it does not know. Releases move architectures between these (0.34 lists Gemma, OLMoE, StableLM and Aria "
+        "to the backend). hfcheck analyses the transformers backend (`--model-impl transformers`); a native class is an "
+        "alternative, not a requirement."
     )
-    example = "Qwen3ForCausalLM: native in vLLM; MyLMForCausalLM: transformers backend only"
+    vllm_source = ("model_executor/models/registry.py::_ModelRegistry.inspect_model_cls",
+                   "model_executor/models/registry.py::_TRANSFORMERS_SUPPORTED_MODELS")
+    example = "Qwen3ForCausalLM: native in vLLM; GemmaForCausalLM (0.34): listed to the backend; MyLMForCausalLM: transformers backend only"
     fix = "Nothing to fix; pass --model-impl transformers to use the backend analysed here."
 
     def check(self, analysis) -> list[Finding]:
         facts = analysis.facts
-        src = f"vLLM {facts.vllm_table_version} registry"
-        if facts.vllm_native:
-            return [self.noted(f"vLLM has a native implementation ({src}); `--model-impl auto` would use it")]
-        return [self.noted(f"no native vLLM implementation ({src}): vLLM falls back to the transformers backend")]
+        return [self.noted(facts.vllm_auto_note, auto=facts.vllm_auto)]
+
+
+def backend_minimums(analysis) -> list[tuple[dict, bool | None]]:
+    """The release's ``check_version(minimum, feature)`` calls (its tables), each with whether it
+    applies to this model (None: a feature hfcheck does not model)."""
+    facts = analysis.facts
+    applies = {
+        "Aria": facts.model_type == "aria",
+        "video inputs": bool(analysis.processor and "video" in analysis.processor.modalities),
+        "MTP": False,  # speculative decoding with the model's own MTP layers: not part of a scan
+    }
+    return [(entry, applies.get(entry["feature"])) for entry in tables(analysis.target.vllm).get("backend_min_transformers", [])]
+
+
+class BackendTransformersMinimum(Rule):
+    code = "HFC108"
+    name = "backend-transformers-minimum"
+    impact = "blocker"
+    what = "The transformers release vLLM runs with is at least what the backend asks for this model's features."
+    why = (
+        "vLLM's pin admits a range of transformers releases, but parts of its backend ask for more: `Base.check_version` "
+        "raises ImportError ('Transformers modeling backend requires transformers>=X for Y'). vLLM 0.34 asks 5.18 for Aria "
+        "(`MoEMixin.__init__`, the whole model refuses to load) and for video inputs (they are disabled, images still work), "
+        "and 5.20 for MTP drafts; its pin starts at 5.16.1."
+    )
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base.check_version",
+        "model_executor/models/transformers/moe.py::MoEMixin.__init__",
+        "model_executor/models/transformers/multimodal.py::MultiModalProcessingInfo._is_video_model",
+    )
+    example = "AriaForConditionalGeneration with vLLM 0.34.0 and transformers 5.17.0: ImportError at load"
+    fix = "Install a transformers release at or above the minimum (pip install 'transformers>=X'), within vLLM's pin."
+
+    def check(self, analysis) -> list[Finding]:
+        from packaging.version import Version
+
+        have = analysis.target.transformers
+        out = []
+        for entry, applies in backend_minimums(analysis):
+            if not applies:
+                continue
+            where = f"{entry['file'].rsplit('/', 1)[-1]}:{entry['line']}"
+            if Version(have) >= Version(entry["minimum"]):
+                out.append(self.passed(f"{entry['feature']}: transformers {have} >= {entry['minimum']} (vLLM {analysis.target.vllm} {where})"))
+            elif entry["feature"] == "video inputs":
+                out.append(self.warned(f"vLLM {analysis.target.vllm} disables video inputs below transformers {entry['minimum']} "
+                                       f"({where}); transformers {have} here: images only"))
+            else:
+                out.append(self.failed(f"vLLM {analysis.target.vllm} requires transformers >= {entry['minimum']} for {entry['feature']} "
+                                       f"({where}: ImportError at load); transformers {have} here"))
+        return out
 
 
 class InstanceBuilt(Rule):
@@ -109,6 +170,10 @@ class InstanceBuilt(Rule):
     )
     example = "remote code without --trust-remote-code: the classes are not executed, so no instance"
     fix = "For remote code, pass --trust-remote-code (issue: sandboxed execution) or rely on the static findings."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base._create_model",
+        "model_executor/models/transformers/base.py::Base._patch_config",
+    )
 
     def check(self, analysis) -> list[Finding]:
         if analysis.instance is not None:
@@ -140,6 +205,10 @@ class PerLayerAttributeReadGlobally(Rule):
     )
     example = "NeoMMEConfig: per_layer_config sets sliding_window per layer -> AmbiguousGlobalPerLayerAttributeError"
     fix = "Keep `sliding_window` model-wide (a `layer_types` list can still mark full-attention layers), or wait for a vLLM that reads it per layer."
+    vllm_source = (
+        "config/model.py::ModelConfig.__post_init__",
+        "config/model.py::ModelConfig.get_sliding_window",
+    )
 
     def check(self, analysis) -> list[Finding]:
         if analysis.config_object is None:

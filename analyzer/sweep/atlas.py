@@ -22,14 +22,19 @@ from hfcheck.analyzer.sweep.run import (
     instance_ok,
 )
 from hfcheck.analyzer.verdict import SUMMARY_ORDER
-from hfcheck.analyzer.vllm.release import modelled_version
+from hfcheck.analyzer.vllm.release import modelled_platform, modelled_version
 from hfcheck.runtime.decisions import agreement, latest_rows, runtime_cell
 
 VERDICTS = SUMMARY_ORDER
 
 
-def default_path(transformers_version: str) -> Path:
-    return Path("reports") / f"atlas-transformers-{transformers_version}.md"
+def default_path(transformers_version: str, vllm_version: str | None = None) -> Path:
+    """``reports/atlas-vllm-<release>-transformers-<release>.md``: an atlas is for one target."""
+    return Path("reports") / f"atlas-vllm-{vllm_version or modelled_version()}-transformers-{transformers_version}.md"
+
+
+def _platform_label() -> str:
+    return "CUDA GPUs" if modelled_platform() == "cuda" else "CPUs (vLLM's CPU build)"
 
 
 def _cell(value: Any) -> str:
@@ -113,10 +118,10 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
         else "the references given to `hfcheck sweep`"
     )
     out = [
-        f"# hfcheck atlas: transformers {v['transformers']}",
+        f"# hfcheck atlas: vLLM {modelled_version()}, transformers {v['transformers']}, {_platform_label()}",
         "",
         f"What vLLM {modelled_version()}'s transformers backend (`--model-impl transformers`) does with {scope}, "
-        f"as predicted by hfcheck {v['hfcheck']} on CPU without weights.",
+        f"running on {_platform_label()} with transformers {v['transformers']}, as predicted by hfcheck {v['hfcheck']} on CPU without weights.",
         "",
         "Regenerate: `hfcheck sweep` (writes this file; `--no-cache` to re-analyse everything).",
         "",

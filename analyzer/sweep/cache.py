@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import hfcheck
-from hfcheck.analyzer.vllm.release import installed_vllm_version, modelled_version
+from hfcheck.analyzer.vllm.release import (
+    installed_vllm_version,
+    modelled_platform,
+    modelled_version,
+)
 
 CACHE_FORMAT = 2  # bump when the shape of a stored result changes
 
@@ -104,12 +108,12 @@ def transformers_install() -> tuple[str, str | None]:
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str | None]:
     return {"transformers": transformers_install()[0], "hfcheck": hfcheck.__version__, "vllm": installed_vllm_version(),
-            "vllm_modelled": modelled_version()}
+            "vllm_modelled": modelled_version(), "platform": modelled_platform()}
 
 
 def key_parts(source) -> dict[str, Any]:
-    """The four parts of a result's key (plus the installed vLLM, which the native check reads,
-    and the vLLM release modelled)."""
+    """The four parts of a result's key (plus the installed vLLM, named in the report's target,
+    and the vLLM release and platform modelled)."""
     config = {
         "config": source.config,
         "generation_config": source.generation_config,
@@ -118,7 +122,7 @@ def key_parts(source) -> dict[str, Any]:
     code = {"remote": sorted(source.code_files.items()), "missing": list(source.missing_code), "analyzer": analyzer_code_hash()}
     v = versions()
     return {"config": _digest(config), "code": _digest(code), "transformers": v["transformers"], "hfcheck": v["hfcheck"], "vllm": v["vllm"],
-            "vllm_modelled": v["vllm_modelled"]}
+            "vllm_modelled": v["vllm_modelled"], "platform": v["platform"]}
 
 
 def result_key(source) -> str:

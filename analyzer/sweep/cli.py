@@ -34,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "With no references: every causal-LM model type of the installed transformers, every "
             "image-text-to-text type outside it, and every encoder (masked-LM) type as the embedding model "
             "vLLM's pooling runner serves, each from its default config, and write the atlas "
-            "(reports/atlas-transformers-<version>.md, one section each)."
+            "(reports/atlas-vllm-<release>-transformers-<release>.md, one section each)."
         ),
         epilog="A reference is a Hub id[@revision], a local folder, type:<model_type> (a transformers default config) "
                "or pooling:<model_type> (an encoder type's base model, as a pooling model).",
@@ -45,7 +45,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     p.add_argument("--jobs", "-j", type=int, default=None, metavar="N", help="worker processes (default: the CPUs available)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds allowed per model (default 60)")
-    p.add_argument("--atlas", default=None, metavar="PATH", help="write the atlas markdown here (default for a full sweep: reports/atlas-transformers-<version>.md)")
+    p.add_argument("--atlas", default=None, metavar="PATH", help="write the atlas markdown here (default for a full sweep: reports/atlas-vllm-<release>-transformers-<release>.md)")
     p.add_argument("--no-atlas", action="store_true", help="do not write the atlas")
     add_hub_arguments(p, DEFAULT_HUB_LIMIT)
     add_ray_argument(p)

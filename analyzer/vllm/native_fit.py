@@ -7,8 +7,8 @@ then parses the config with its own ``ChatGLMConfig`` (the absent v2 keys take i
 without a word) and builds a network whose weights the checkpoint does not hold.
 
 The signature of a generation is the config keys its class is written against
-(``scripts/generate_vllm_config_fit.py`` reads them from vLLM's source into
-``data/vllm_architectures.json``): the keys the class reads without a guard, and, where vLLM
+(``scripts/generate_vllm_tables.py`` reads them from the release's wheel into
+``data/vllm/<version>/tables.json``): the keys the class reads without a guard, and, where vLLM
 ships its own config class for the model_type, that class's explicit parameters. A config
 that lacks several of them was written for another class. One absent key is not enough: a
 class may read a key that only one variant sets.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from hfcheck.analyzer.vllm.registry import vllm_architecture_table
+from hfcheck.analyzer.vllm.release import tables
 
 MISMATCH_AT = 2
 """Absent keys (that vLLM's class reads) from which the config is another generation's."""
@@ -69,7 +69,7 @@ def native_fit(architecture: str, config: dict[str, Any], config_class_keys: Ite
     config object vLLM reads has beside config.json's keys.
     """
 
-    table = vllm_architecture_table()
+    table = tables()
     reads = (table.get("config_reads") or {}).get(architecture)
     if reads is None:
         return None

@@ -588,7 +588,7 @@ def _model_refusal(facts, source, static_findings) -> str | None:
         return f"cannot be ported: {sum(map(len, bad.values()))} of {len(facts.layer_types)} layers are not softmax attention ({parts}): {NOT_SOFTMAX_WHY}"
     if facts.is_encoder_decoder:
         return "cannot be ported: encoder-decoder models are not served by vLLM's transformers backend"
-    if facts.quant_method in ("mxfp4", "gpt_oss_mxfp4"):
+    if facts.quant_method in V.MXFP4_METHODS:
         return "cannot be ported: vLLM's transformers backend refuses MXFP4 checkpoints; dequantize first"
     findings = static_findings(source) or []
     unsafe = [f for f in findings if f.code in UNSAFE and f.status == "fail"]

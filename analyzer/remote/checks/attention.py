@@ -369,6 +369,10 @@ class AttentionInterfaceDispatch(RemoteCodeRule):
         "attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward); "
         "attn_output, attn_weights = attention_interface(self, q, k, v, attention_mask, scaling=self.scaling, **kwargs)"
     )
+    vllm_source = (
+        "model_executor/models/transformers/fusers/attention.py::interface_call",
+        "model_executor/models/transformers/base.py::Base._create_attention_instances",
+    )
     none = None
     observed_by = "HFC201"
 
@@ -381,6 +385,10 @@ class AttentionScalingResolvable(RemoteCodeRule):
     why = "vLLM resolves these from the forward's source on the built module; an expression raises 'Cannot resolve attention scaling expression' at load."
     example = "attention_interface(self, q, k, v, mask, scaling=1 / math.sqrt(self.head_dim))"
     fix = "In __init__: `self.scaling = self.head_dim ** -0.5`; in forward: `scaling=self.scaling`."
+    vllm_source = (
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.scale",
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.sinks",
+    )
     none = None
     observed_by = "HFC203"
 
@@ -396,6 +404,10 @@ class HandWrittenAttention(RemoteCodeRule):
     )
     example = "attn_output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)   # in *SdpaAttention.forward"
     fix = "Keep one attention module that dispatches through ALL_ATTENTION_FUNCTIONS; the hand-written version may only be the `eager` fallback function."
+    vllm_source = (
+        "model_executor/models/transformers/fusers/attention.py::interface_call",
+        "model_executor/models/transformers/base.py::Base._create_attention_instances",
+    )
     none = None
 
 
@@ -411,6 +423,10 @@ class KwargsPropagation(RemoteCodeRule):
     )
     example = "def forward(self, hidden_states, attention_mask=None):   # no **kwargs\n    hidden_states = self.self_attn(hidden_states, attention_mask)"
     fix = "Accept `**kwargs` in every forward on the path and pass them on: `self.self_attn(..., **kwargs)`, `attention_interface(..., **kwargs)`."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base.forward",
+        "model_executor/models/transformers/__init__.py::vllm_attention_forward",
+    )
     none = None
 
 
@@ -426,6 +442,7 @@ class AttentionBackendFlag(RemoteCodeRule):
     )
     example = "class MyPreTrainedModel(PreTrainedModel):\n    _supports_sdpa = True   # no _supports_attention_backend"
     fix = "class MyPreTrainedModel(PreTrainedModel):\n    _supports_attention_backend = True"
+    vllm_source = ("model_executor/models/registry.py::_ModelRegistry._try_resolve_transformers",)
     none = None
     observed_by = "HFC102"
 
@@ -438,6 +455,10 @@ class AttentionLayerIndex(RemoteCodeRule):
     why = "vLLM maps each dispatching module to its attention layer and KV-cache slot by the int `layer_idx`; without it the layer counts as not dispatching."
     example = "class MyAttention(nn.Module):\n    def __init__(self, config):   # no layer_idx"
     fix = "def __init__(self, config, layer_idx):\n    self.layer_idx = layer_idx   # and build it as MyAttention(config, layer_idx)"
+    vllm_source = (
+        "model_executor/models/transformers/fusers/attention.py::AttentionFuser.layer_index",
+        "model_executor/models/transformers/base.py::Base._create_attention_instances",
+    )
     none = None
     observed_by = "HFC201"
 
@@ -450,6 +471,7 @@ class AttentionIsCausal(RemoteCodeRule):
     why = "vLLM serves a text model with any `is_causal = False` module as encoder-only (pooling, no generation); an undeclared value is read as causal."
     example = "self.is_causal = False   # a bidirectional encoder"
     fix = "Set `self.is_causal = True` in decoder attention modules (False only for encoders)."
+    vllm_source = ("model_executor/models/transformers/base.py::Base._get_attn_cls",)
     none = None
 
 

@@ -184,6 +184,7 @@ class DevicePlacement(RemoteCodeRule):
     )
     example = "self.inv_freq = (1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))).cuda()"
     fix = "Drop the `.cuda()`; register the tensor as a buffer so that it follows the module, or create it on `x.device` in forward."
+    platforms = ("cpu",)
     none = None
 
 

@@ -105,6 +105,7 @@ class NonSoftmaxLayers(RemoteCodeRule):
     )
     example = "k_f = torch.fft.rfft(k, n=fft_size) / fft_size   # Hyena's long convolution"
     fix = "Use a native vLLM implementation of the architecture where one exists; otherwise it is not servable by the backend."
+    vllm_source = ("model_executor/models/transformers/base.py::Base._create_attention_instances",)
     none = None
 
 

@@ -140,6 +140,10 @@ class ExpertsLayout(RemoteCodeRule):
     )
     example = "self.moe_experts = nn.ModuleList([Expert(config) for _ in range(config.num_experts)])"
     fix = "self.experts = MyExperts(config)   # gate_up_proj [E, 2I, H], down_proj [E, H, I]; forward(hidden_states, top_k_index, top_k_weights)"
+    vllm_source = (
+        "model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",
+        "model_executor/models/transformers/fusers/moe.py::MoEBlockFuser._match_experts",
+    )
     none = "no mixture-of-experts block in the code"
     observed_by = "HFC401"
 

@@ -95,6 +95,10 @@ class PackedQKVUnreadable(RemoteCodeRule):
     why = "vLLM turns such a projection into QKVParallelLinear only through that split; `.chunk(3)`, `.view(..., 3, ...)` or indexing leave one replicated GEMM (no TP sharding of attention, no fusion)."
     example = "q, k, v = self.Wqkv(x).chunk(3, dim=-1)"
     fix = "q, k, v = self.Wqkv(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)   # int sizes; or separate q/k/v projections"
+    vllm_source = (
+        "model_executor/models/transformers/fusers/packed_qkv.py::PackedQKVFuser.match",
+        "model_executor/models/transformers/fusers/packed_qkv.py::PackedQKVFuser._packed_sizes",
+    )
     none = "no packed q/k/v projection"
     observed_by = "HFC301"
 

@@ -101,6 +101,7 @@ class PipelineModuleLists(RemoteCodeRule):
     why = "Without a pp plan vLLM splits the base model for pipeline parallelism along its single ModuleList; two refuse PP ('multiple ModuleLists ... not supported yet')."
     example = "self.layers = nn.ModuleList(...); self.mtp_layers = nn.ModuleList(...)"
     fix = "Keep all decoder layers in one ModuleList, or declare `base_model_pp_plan` on the config class."
+    vllm_source = ("model_executor/models/transformers/base.py::Base.pipeline_parallel",)
     none = None
     observed_by = "HFC601"
 
@@ -113,6 +114,10 @@ class ForwardReadsSubmoduleAttributes(RemoteCodeRule):
     why = "Under pipeline parallelism layers on other ranks are nn.Identity placeholders; reading `layer.attention_type` there raises AttributeError."
     example = "for layer in self.layers:\n    mask = masks[layer.attention_type]"
     fix = "Read per-layer facts from the config: `self.config.layer_types[i]`."
+    vllm_source = (
+        "model_executor/models/transformers/base.py::Base.pipeline_parallel",
+        "model_executor/models/utils.py::PPMissingLayer",
+    )
     none = None
 
 
