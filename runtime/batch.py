@@ -160,11 +160,21 @@ def vllm_engine(log_path: Path, **llm: Any):
 
 def generate_in_vllm(log_path: Path, prompts: list[Any], max_tokens: int, **llm: Any) -> list[list[int]]:
     """Greedy ``max_tokens`` for each prompt from real vLLM (``vllm_engine``)."""
+    return [tokens for tokens, _ in generate_with_logprobs(log_path, prompts, max_tokens, 0, **llm)]
+
+
+def generate_with_logprobs(log_path: Path, prompts: list[Any], max_tokens: int, top: int,
+                           **llm: Any) -> list[tuple[list[int], dict[int, float]]]:
+    """Greedy ``max_tokens`` for each prompt from real vLLM, with the ``top`` log-probabilities
+    vLLM gives its first generated position ({} when ``top`` is 0): a difference too small to
+    move a random tiny model's greedy tokens still shows there."""
     from vllm import SamplingParams
 
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=top or None)
     with vllm_engine(log_path, **llm) as engine:
-        out = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
-        return [list(o.outputs[0].token_ids) for o in out]
+        out = engine.generate(prompts, params)
+        return [(list(o.outputs[0].token_ids),
+                 {int(k): float(v.logprob) for k, v in (o.outputs[0].logprobs or [{}])[0].items()} if top else {}) for o in out]
 
 
 def run_one(model_type: str, work: Path) -> dict[str, Any]:

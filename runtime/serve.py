@@ -316,7 +316,21 @@ def _finish(result: ServeResult, work: Path, t_start: float) -> ServeResult:
     return result
 
 
-def _prediction(model_dir: str, trust: bool) -> dict[str, Any]:
+def _prediction(model_dir: str, trust: bool, runtime, log) -> dict[str, Any]:
+    """hfcheck's prediction for the vLLM that serves: vLLM's CPU build gets the scan run in its own
+    environment (its release, the transformers it runs with, the CPU platform), so the two agree on
+    the target; elsewhere (a GPU's installed vLLM, or an environment hfcheck cannot be installed
+    into) the scan here, whose CPU-only failures ``predicted`` reads from ``fails_on``."""
+    if runtime.kind == "cpu" and install_hfcheck(runtime, log):
+        proc = subprocess.run([str(runtime.python), "-m", "hfcheck", "scan", model_dir, "--format", "json",
+                               *(["--trust-remote-code"] if trust else [])],
+                              capture_output=True, text=True, timeout=900, check=False, cwd="/")
+        try:
+            return json.loads(proc.stdout)
+        except ValueError:
+            if log:
+                log(f"hfcheck's scan in vLLM's environment gave no report ({(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}); "
+                    "predicting here")
     from hfcheck.analyzer.scan import scan
 
     return scan(model_dir, trust_remote_code=trust).report
@@ -327,9 +341,9 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
 
     tokenizer = has_tokenizer(model_dir)
     result = ServeResult(False, name, note, [], prompt, max_tokens, vllm_version=runtime.version)
-    report = _prediction(model_dir, trust)
+    report = _prediction(model_dir, trust, runtime, log)
     want = predicted(report, cpu_build=runtime.kind == "cpu")
-    result.predicted = want.to_dict()
+    result.predicted = {**want.to_dict(), "target": (report.get("target") or {}).get("label")}
     with_image = serve_image.serves_images(report)
     t0 = time.monotonic()
     if with_image:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CI, second stage: hfcheck against vLLM's own code.
 #
-# Installs the pinned vLLM (with the torch and transformers it pins) in its own virtual
-# environment, .venv-vllm, adds hfcheck to it (editable, --no-deps: vLLM's pins stay), then over
+# Installs the vLLM release hfcheck predicts for by default (with the torch and transformers it
+# pins) in its own virtual environment, .venv-vllm, adds hfcheck to it (editable, --no-deps: vLLM's pins stay), then over
 # every causal-LM model type (the atlas):
 #   1. scripts/crosscheck/vllm_side.py      vLLM's get_fusers / Fusers / attention / MoEBlockFuser
 #   2. scripts/crosscheck/hfcheck_side.py   hfcheck's prediction of the same, same cut models
@@ -17,7 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 VLLM_LOGGING_LEVEL=ERROR TRANSFORMERS_VERBOSITY=error
 VENV=${VLLM_VENV:-.venv-vllm}
-VLLM_VERSION=0.33.0
+# the release hfcheck predicts for by default (analyzer/vllm/release.py DEFAULT)
+VLLM_VERSION=${VLLM_VERSION:-$(.venv/bin/python -c 'from hfcheck.analyzer.vllm.release import DEFAULT; print(DEFAULT)')}
 OUT=$(mktemp -d -t hfcheck-crosscheck.XXXXXX)
 start=$SECONDS
 stamp() { echo "[ci_crosscheck +$((SECONDS - start))s] $*"; }
@@ -27,9 +28,8 @@ if "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.versio
 else
   stamp "installing vLLM $VLLM_VERSION in $VENV"
   rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
-  if ! "$VENV/bin/pip" install -q "vllm==$VLLM_VERSION"; then
+  # pip install vllm==X; a requirement the index lacks (0.34.0's flashinfer-python==0.7.3) is left out, named
+  if ! .venv/bin/python scripts/vllm_env.py "$VLLM_VERSION" "$VENV"; then
     # An unreachable registry is not a disagreement with vLLM: say so loudly, do not block.
     stamp "SKIPPED: vLLM $VLLM_VERSION could not be installed (registry unreachable?); no cross-check ran"
     exit 0

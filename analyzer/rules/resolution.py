@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.remote.ast_helpers import passes_source_test
@@ -107,16 +109,20 @@ class NativeImplementation(Rule):
         return [self.noted(facts.vllm_auto_note, auto=facts.vllm_auto)]
 
 
+MODELLED_FEATURES: dict[str, Callable[[Any], bool]] = {
+    "Aria": lambda analysis: analysis.facts.model_type == "aria",
+    "video inputs": lambda analysis: bool(analysis.processor and "video" in analysis.processor.modalities),
+    "MTP": lambda analysis: False,  # speculative decoding with the model's own MTP layers: not part of a scan
+}
+"""The features of the backend's ``check_version(minimum, feature)`` calls hfcheck knows how to
+recognise in a model (a release drill lists any other as not modelled)."""
+
+
 def backend_minimums(analysis) -> list[tuple[dict, bool | None]]:
     """The release's ``check_version(minimum, feature)`` calls (its tables), each with whether it
     applies to this model (None: a feature hfcheck does not model)."""
-    facts = analysis.facts
-    applies = {
-        "Aria": facts.model_type == "aria",
-        "video inputs": bool(analysis.processor and "video" in analysis.processor.modalities),
-        "MTP": False,  # speculative decoding with the model's own MTP layers: not part of a scan
-    }
-    return [(entry, applies.get(entry["feature"])) for entry in tables(analysis.target.vllm).get("backend_min_transformers", [])]
+    entries = tables(analysis.target.vllm).get("backend_min_transformers", [])
+    return [(entry, MODELLED_FEATURES[entry["feature"]](analysis) if entry["feature"] in MODELLED_FEATURES else None) for entry in entries]
 
 
 class BackendTransformersMinimum(Rule):

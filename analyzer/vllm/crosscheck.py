@@ -1,7 +1,9 @@
 """``hfcheck scan --cross-check``: ask vLLM's own code the questions hfcheck answered.
 
-Where vLLM is importable in the same interpreter and is the release hfcheck models (0.33.x),
-vLLM's own logic is run on the *same* structural instance hfcheck walked:
+Where vLLM is importable in the same interpreter and is the release the prediction is for (a
+modelled release: ``vllm.release.releases()``; an installed vLLM that is a modelled release is
+the one predicted for unless ``--vllm`` names another), vLLM's own logic is run on the *same*
+structural instance hfcheck walked:
 
 - registry: whether vLLM has a native class for the architecture (``vllm.ModelRegistry``), and
   how ``ModelRegistry._try_resolve_transformers`` resolves it with ``--model-impl
@@ -18,7 +20,7 @@ vLLM's own logic is run on the *same* structural instance hfcheck walked:
 
 The result is the report's ``cross_check`` block::
 
-    {"available": true, "vllm_version": "0.33.0", "agrees": false,
+    {"available": true, "vllm_version": "0.34.0", "agrees": false,
      "compared": {"modules": 31, "layers": 4, "moe_blocks": 1, ...},
      "differences": [{"quantity": "chosen", "where": "Qwen3MLP", "vllm": [...], "hfcheck": [...],
                       "instances": 2, "example": "layers.0.mlp"}]}
@@ -38,13 +40,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from hfcheck.analyzer.vllm.release import installed_vllm_version
+from hfcheck.analyzer.vllm.release import installed_vllm_version, modelled_version, releases
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.analysis import Analysis
-
-SUPPORTED_SERIES = "0.33"
-"""The vLLM release series whose code the cross-check calls (private APIs: version-gated)."""
 
 CROSS_CHECK_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -75,7 +74,8 @@ CROSS_CHECK_SCHEMA: dict[str, Any] = {
 
 
 def supported(version: str | None) -> bool:
-    return bool(version) and (version == SUPPORTED_SERIES or version.startswith(SUPPORTED_SERIES + "."))
+    """Is the installed vLLM the release predicted for (its private APIs are then the ones modelled)?"""
+    return bool(version) and version.split("+")[0] == modelled_version()
 
 
 def unavailable(version: str | None, why: str | None = None) -> dict[str, Any]:
@@ -84,7 +84,9 @@ def unavailable(version: str | None, why: str | None = None) -> dict[str, Any]:
     elif why:
         note = f"cross-check unavailable for vLLM {version}: {why}"
     else:
-        note = f"cross-check unavailable for vLLM {version} (the cross-check reads vLLM {SUPPORTED_SERIES}.x's own code)"
+        note = (f"cross-check unavailable for vLLM {version}: the prediction is for vLLM {modelled_version()}"
+                if version.split("+")[0] in releases() else
+                f"cross-check unavailable for vLLM {version} (the cross-check reads the code of a modelled release: {', '.join(releases())})")
     return {"available": False, "vllm_version": version, "agrees": None, "differences": [], "note": note}
 
 
@@ -156,7 +158,7 @@ def cross_check(analysis: Analysis, report: dict[str, Any] | None = None) -> dic
 
 
 def import_vllm() -> SimpleNamespace:
-    """The pieces of vLLM 0.33 the cross-check calls (importing the transformers backend
+    """The pieces of vLLM the cross-check calls (0.32 to 0.34 alike; importing the transformers backend
     registers its "vllm" attention function)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     with warnings.catch_warnings():
