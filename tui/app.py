@@ -28,6 +28,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, ProgressBar, Static
 
 from hfcheck.analyzer.sources.model_types import Target
+from hfcheck.analyzer.vllm.target import current as current_target
 from hfcheck.tui import rows as R
 from hfcheck.tui.detail import render_detail
 from hfcheck.tui.scanner import Cancelled, Event, Finished, Idle, Scanner, Started
@@ -100,7 +101,7 @@ class Dashboard(App[int]):
         self._dirty: set[str] = set()
         self._flush_timer: Timer | None = None
         self._log_levels: dict[str, int] = {}
-        self.sub_title = f"{len(self.entries)} models" + (f" · {scope}" if scope else "")
+        self.sub_title = f"{len(self.entries)} models · {current_target().label}" + (f" · {scope}" if scope else "")
 
     # ------------------------------------------------------------------ layout, start, stop
     def compose(self) -> ComposeResult:

@@ -249,7 +249,9 @@ def _md(value: str) -> str:
 def markdown(entries: list[Entry], *, title: str = "hfcheck tui", scope: str = "") -> str:
     """A Markdown table of the view: the table's columns plus the serve command."""
 
-    lines = [f"# {title}", "", f"vLLM {modelled_version()} transformers backend (`--model-impl transformers`), as predicted by hfcheck."]
+    target = next(((e.report or {}).get("target") for e in entries if (e.report or {}).get("target")), None)
+    label = target["label"] if target else f"vLLM {modelled_version()}"
+    lines = [f"# {title}", "", f"{label}: the transformers backend (`--model-impl transformers`), as predicted by hfcheck."]
     if scope:
         lines += ["", f"View: {scope}; {len(entries)} models."]
     lines += ["", "| " + " | ".join(label for _, label in COLUMNS) + " | vllm serve |", "|" + "---|" * (len(COLUMNS) + 1)]

@@ -230,8 +230,10 @@ class EncoderModels(Rule):
         "bidirectional, and their language model gets decoder attention."
     )
     why = (
-        "vLLM's transformers backend (`Base._get_attn_cls`, 0.32 and 0.33) returns EncoderOnlyAttention when "
-        "`has_encoder(model) and not is_multimodal(config)`, with `is_multimodal = config != config.get_text_config()`: "
+        "vLLM's transformers backend (`Base._get_attn_cls`) returns EncoderOnlyAttention when `has_encoder(model) and not "
+        "is_multimodal`, with `is_multimodal` `config != config.get_text_config()` in 0.32 and 0.33 and "
+        "`model_config.is_multimodal_model` in 0.34 (the same answer for a model the backend serves itself; 0.34 also serves "
+        "native PaliGemma's Gemma language model through the backend, as a view of a multimodal model): "
         "any module with is_causal = False makes a *text* model encoder-only. A multimodal model always gets causal "
         "decoder attention for its language model, so a bidirectional language model there is computed causally; where "
         "vLLM serves the type as a multimodal prefix LM (`is_mm_prefix_lm`: PaliGemma, Gemma 3, Molmo 2, Bagel, Moondream 3, "
