@@ -4,6 +4,8 @@
 prefix of decoder layers holding every distinct layer kind (``structural_prefix``; dense-first
 and MoE layers included), at most 4 experts, and, for ``tiny``, small widths at the real head
 ratio, GQA, MLA ranks and MoE shape. Fields are set on the config class's own attributes.
+M-RoPE sections follow the small head width (``scale_mrope``): every tiny copy of a Qwen2-VL /
+GLM-4.1V style model, the scan's, verify's and the runtime's small VLM folders, cuts them here.
 
 **A remote config dict** (``shrink_config``, the port's reference run and proofs, where the
 code's config class is not hfcheck's to build): the same architecture at a size a proof can
@@ -24,11 +26,14 @@ Both read the field spellings from ``vocabulary``.
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
+import re
 from typing import Any
 
 from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts import ModelFacts
-from hfcheck.analyzer.facts.config_fields import text_config_of
+from hfcheck.analyzer.facts.config_fields import text_config_of, text_subconfig
 
 # --------------------------------------------------------------------------- a config object
 
@@ -215,7 +220,99 @@ def shrunk_config(facts: ModelFacts, cfg_obj: Any, shrink: str = "tiny", head_di
             shrink_heterogeneous(text, facts, head_dim)
         else:
             shrink_widths(text, facts, head_dim)
+        scale_mrope(text, pin_head_dim=not facts.uses_mla)
     return config, n
+
+
+# --------------------------------------------------------------------------- M-RoPE sections
+
+MROPE_DEFAULT = re.compile(r"""get\(\s*["']mrope_section["']\s*,\s*\[([\d,\s]+)\]""")
+"""The modeling code's own default sections, where the config has none (``rope_parameters.get(
+"mrope_section", [8, 12, 12])`` in GLM-4.1V, ``[16, 24, 24]`` in Qwen2.5-VL)."""
+
+
+def _rope_dicts(text: Any) -> list[dict[str, Any]]:
+    """The text config's rope parameter dicts: ``rope_parameters`` (v5; ``rope_scaling`` is the same
+    object there) or ``rope_scaling`` (v4), and per layer type where they are kept that way."""
+    found: list[dict[str, Any]] = []
+    for name in ("rope_parameters", "rope_scaling"):
+        value = getattr(text, name, None)
+        if not isinstance(value, dict) or any(value is f for f in found):
+            continue
+        nested = [v for v in value.values() if isinstance(v, dict)]
+        found.extend(nested if nested and all(isinstance(v, dict) for v in value.values()) else [value])
+    return found
+
+
+def code_default_mrope(text: Any) -> list[int] | None:
+    """The sections the modeling code falls back to when the config names none, read from the
+    source of the text config's modeling module (never executed beyond import)."""
+    module = type(text).__module__.replace(".configuration_", ".modeling_")
+    try:
+        source = inspect.getsource(importlib.import_module(module))
+    except (ImportError, OSError, TypeError):
+        return None
+    found = MROPE_DEFAULT.search(source)
+    return [int(x) for x in found.group(1).split(",") if x.strip()] if found else None
+
+
+def rotary_half(text: Any, rope: dict[str, Any]) -> int | None:
+    """How many frequencies M-RoPE's sections split: half the rotary width, which is the head
+    width (``head_dim``, else hidden // heads) times ``partial_rotary_factor`` (GLM-4.1V: 0.5)."""
+    head_dim = getattr(text, "head_dim", None)
+    heads, hidden = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        head_dim = hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
+    if head_dim is None:
+        return None
+    factor = rope.get("partial_rotary_factor", getattr(text, "partial_rotary_factor", None))
+    factor = factor if isinstance(factor, (int, float)) and not isinstance(factor, bool) and 0 < factor <= 1 else 1.0
+    return int(head_dim * factor) // 2
+
+
+def scaled_sections(section: list[int], target: int) -> list[int]:
+    """``section`` scaled to sum to ``target``, proportions kept (largest remainders get the
+    rest), every section at least 1 (taken from the largest) so no position axis vanishes."""
+    total = sum(section)
+    scaled = [s * target // total for s in section]
+    for i in sorted(range(len(section)), key=lambda i: (-(section[i] * target % total), i))[: target - sum(scaled)]:
+        scaled[i] += 1
+    for i in range(len(scaled)):
+        while scaled[i] < 1 and max(scaled) > 1:
+            scaled[scaled.index(max(scaled))] -= 1
+            scaled[i] += 1
+    return scaled
+
+
+def scale_mrope(text: Any, pin_head_dim: bool = True) -> None:
+    """M-RoPE's sections (``mrope_section``: how the rotary frequencies are split between the
+    temporal, height and width positions) sum to half the rotary width; a shrink that cuts
+    ``head_dim`` must cut them too, or the model's first forward fails
+    (``split_with_sizes expects split_sizes to sum exactly to 32 ... got [16, 24, 24]``).
+    Scaled to the shrunk width with their proportions kept; where the config names none, the
+    modeling code's default is scaled and written into the config. ``pin_head_dim``: a config
+    that derives its head width (hidden // heads) gets it written down, so a later change of
+    the head count (verify's re-tuning for TP 2/4) keeps the width the sections were cut for."""
+    ropes = _rope_dicts(text)
+    if not ropes:
+        return
+    for rope in ropes:
+        section = rope.get("mrope_section")
+        if section is None:
+            if rope.get("rope_type", rope.get("type")) not in ("default", "mrope", None):
+                continue
+            section = code_default_mrope(text)
+        if not (isinstance(section, list) and section and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in section)):
+            continue
+        target = rotary_half(text, rope)
+        if target is None or target < len(section):
+            continue
+        if sum(section) != target:
+            rope["mrope_section"] = scaled_sections(section, target)
+        if pin_head_dim and getattr(text, "head_dim", None) is None and not isinstance(getattr(type(text), "head_dim", None), property):
+            heads, hidden = getattr(text, "num_attention_heads", None), getattr(text, "hidden_size", None)
+            if isinstance(heads, int) and isinstance(hidden, int) and heads > 0:
+                text.head_dim = hidden // heads
 
 
 def shrink_heterogeneous(text: Any, facts: ModelFacts, head_dim: int) -> None:
@@ -314,10 +411,20 @@ def _token_ids(config: dict[str, Any]) -> list[int]:
     return ids
 
 
+def _nested_decoders(config: dict[str, Any]) -> list[str]:
+    """The sub-configs ``shrink_config`` shrinks with the top level: the usual names, and the one
+    the facts read the decoder from where the top level has none (InfiMM's ``language``)."""
+    keys = ["text_config", "llm_config", "language_config"]
+    found = text_subconfig(config) if first(config, "layers") is None else None
+    if found is not None and "." not in found[0] and found[0] not in keys:
+        keys.append(found[0])
+    return keys
+
+
 def shrink_config(config: dict[str, Any], *, layers: int = 2, head_dim: int = 16, vocab: int = 512, max_heads: int = MAX_TINY_HEADS) -> dict[str, Any]:
     """The shrunk copy of ``config`` (a new dict; the original is not changed)."""
     out = copy.deepcopy(config)
-    for nested in ("text_config", "llm_config", "language_config"):
+    for nested in _nested_decoders(config):
         if isinstance(out.get(nested), dict):
             out[nested] = shrink_config(out[nested], layers=layers, head_dim=head_dim, vocab=vocab, max_heads=max_heads)
     real_layers = first(config, "layers")

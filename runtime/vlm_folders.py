@@ -10,7 +10,6 @@ do not is an error that says why, listed in the runtime report rather than left 
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import re
@@ -86,31 +85,6 @@ def _needed_tokens(processor_cls: type) -> dict[str, str]:
     defaults = {name: p.default for name, p in inspect.signature(processor_cls.__init__).parameters.items()
                 if name.endswith("_token") and isinstance(p.default, str) and p.default}
     return {name: defaults.get(name, f"<{name}>") for name in sorted(names | set(defaults))}
-
-
-def _scale_mrope(text: Any) -> None:
-    """M-RoPE's sections split the rotary half of a head: at the small head_dim they are scaled
-    to sum to ``head_dim // 2`` (largest remainders first)."""
-
-    rope = getattr(text, "rope_parameters", None)
-    if not isinstance(rope, dict):
-        return
-    section = rope.get("mrope_section")
-    if section is None:  # the modeling code's own default (Qwen2.5-VL: [16, 24, 24]) applies
-        try:
-            source = inspect.getsource(importlib.import_module(type(text).__module__.replace(".configuration_", ".modeling_")))
-        except (ImportError, OSError, TypeError):
-            return
-        found = re.search(r"""get\(\s*["']mrope_section["']\s*,\s*\[([\d,\s]+)\]""", source)
-        section = [int(x) for x in found.group(1).split(",") if x.strip()] if found else None
-    head_dim = getattr(text, "head_dim", None) or HEAD_DIM
-    if not isinstance(section, list) or not section or sum(section) == head_dim // 2:
-        return
-    target, total = head_dim // 2, sum(section)
-    scaled = [s * target // total for s in section]
-    for i in sorted(range(len(section)), key=lambda i: -(section[i] * target % total))[: target - sum(scaled)]:
-        scaled[i] += 1
-    rope["mrope_section"] = scaled
 
 
 def _grid_tokens(config: Any) -> int | None:
@@ -255,7 +229,7 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
     """(config, its text config, its tower config, the tower's image side): ``raw`` with the
     text model cut like the analyzer's tiny instance (head_dim 32), the vocabulary the
     tokenizer's, the towers at ``TOWER_WIDTHS`` (image and patch sizes kept), tower outputs at
-    the language model's width, M-RoPE sections scaled; pad/bos/eos at the word tokenizer's."""
+    the language model's width (M-RoPE sections are scaled by the shrink itself); pad/bos/eos at the word tokenizer's."""
     import torch
     from transformers import AutoModelForImageTextToText
 
@@ -288,7 +262,6 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
         for holder in (tower, config):
             if holder is not None and isinstance(getattr(holder, key, None), int):
                 setattr(holder, key, text.hidden_size)
-    _scale_mrope(text)
     return config, text, tower, side
 
 

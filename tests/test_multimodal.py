@@ -63,13 +63,19 @@ def test_llava_published_config_clip_mlp_costs_nothing():
     assert r["verdict"] == "native-speed" and r["score"] == 100
 
 
-def test_siglip_pooling_head_is_a_multihead_attention_blocker(tmp_path):
+def test_siglip_pooling_head_is_a_multihead_attention_blocker_on_the_cpu_build(tmp_path, monkeypatch):
     # SiglipVisionConfig's default keeps the pooling head (nn.MultiheadAttention): measured dying in
-    # vLLM's profiling run ("mat2 must be a matrix, got 1-D tensor")
-    r = scan(write_model(tmp_path / "g3", "gemma3", "Gemma3ForConditionalGeneration"))
+    # vLLM's CPU build's profiling run ("mat2 must be a matrix, got 1-D tensor"); on CUDA the replaced
+    # out_proj keeps its weight, so there the failure is recorded, not counted
+    folder = write_model(tmp_path / "g3", "gemma3", "Gemma3ForConditionalGeneration")
+    monkeypatch.setenv("HFCHECK_PLATFORM", "cpu")
+    r = scan(folder)
     (finding,) = check(r, "HFC907")
     assert finding["status"] == "fail" and finding["details"]["modules"] == ["vision_tower.head.attention"]
     assert r["verdict"] == "blocked"
+    monkeypatch.setenv("HFCHECK_PLATFORM", "cuda")
+    (on_cuda,) = check(scan(folder), "HFC907")
+    assert on_cuda["status"] == "info" and on_cuda["details"]["fails_on"] == "cpu"
 
 
 def test_gemma3_backend_class_language_model_and_encoders(gemma3):

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hfcheck.analyzer import vocabulary as V
-from hfcheck.analyzer.facts.config_fields import as_count, check_config, text_config_of
+from hfcheck.analyzer.facts.config_fields import (
+    TEXT_SUBCONFIG_KEYS,
+    as_count,
+    check_config,
+    check_subconfig,
+    text_config_of,
+    text_subconfig,
+)
 from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
 from hfcheck.analyzer.vllm.native_fit import native_fit
@@ -137,11 +144,6 @@ def transformers_config(config: dict[str, Any]):
         raise FactsError(f"config.json is not a valid {model_type} config: {reason[:240]}") from None
 
 
-TEXT_SUBCONFIG_KEYS = ("text_config", "llm_config", "language_config", "language_model_config", "decoder", "generator", "text_model_config")
-"""Where remote-code composite configs keep their language model's fields, in the order tried:
-transformers' own names first (``get_text_config``), then the ones real remote VLMs use
-(InternVL's ``llm_config``, DeepSeek-VL's ``language_config``)."""
-
 TOWER_KEYS = ("vision_config", "audio_config", "vision_tower_config", "visual", "speech_config", "encoder_config")
 """Sub-configs of encoders whose outputs a multimodal model feeds its language model."""
 
@@ -154,10 +156,11 @@ def _text_view(config: dict[str, Any], cfg_obj: Any) -> tuple[Any, str, str | No
         text = text_config_of(cfg_obj)
         return text, getattr(text, "model_type", None) or config.get("model_type", ""), None
     if first_of(config, V.LAYER_FIELDS) is None:
-        for key in TEXT_SUBCONFIG_KEYS:
-            text = config.get(key)
-            if isinstance(text, dict) and first_of(text, V.LAYER_FIELDS) is not None:
-                return text, text.get("model_type", config.get("model_type", "")), key
+        found = text_subconfig(config)  # wherever the decoder's fields are (InfiMM: ``language``), not a list of names
+        if found is not None:
+            key, sub = found
+            check_subconfig(sub, key)
+            return sub, sub.get("model_type", config.get("model_type", "")), key
     return config, config.get("model_type", ""), None
 
 
@@ -237,7 +240,8 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
         text_config_key=text_key,
     )
     if text_key:
-        facts.notes.append(f"the language model's fields are read from config.json's {text_key!r}")
+        facts.notes.append(f"the language model's fields are read from config.json's {text_key!r} (the nested object that holds a "
+                           "decoder's layer count and attention geometry; the top level has no layer count)")
     _count_unnumbered_shared_expert(facts, get)
     return facts, cfg_obj
 
@@ -259,8 +263,8 @@ def _shape_fields(text: Any, get: Callable[..., Any]) -> dict[str, Any]:
     num_layers = _count(get(*V.LAYER_FIELDS))
     if num_layers is None or num_layers <= 0:
         raise FactsError(
-            "config.json has no layer count (num_hidden_layers), neither at the top nor in a text sub-config"
-            f" ({', '.join(TEXT_SUBCONFIG_KEYS[:3])}, ...)"
+            "config.json has no layer count (num_hidden_layers), neither at the top nor in any nested object that"
+            f" looks like a language model's decoder (a layer count with heads and hidden size; {', '.join(TEXT_SUBCONFIG_KEYS[:3])}, ...)"
         )
     hidden = _count(get(*V.HIDDEN_FIELDS))
     heads = _count(get(*V.HEAD_FIELDS))

@@ -11,6 +11,10 @@ transformers' own validation (its errors become the same one-line ``FactsError``
 
 Per-layer lists of counts (OpenELM's ``num_kv_heads``, Gemma 4's per-layer widths) are valid
 where a count is: ``collect_facts`` takes their largest entry as the model-wide value.
+
+A plain-dict (remote-code) config without a layer count at its top keeps its decoder in a
+nested object: ``text_subconfig`` finds it under whatever key (``text_config``, InternVL's
+``llm_config``, InfiMM's ``language``) and ``check_subconfig`` holds it to the same rules.
 """
 
 from __future__ import annotations
@@ -157,3 +161,79 @@ def text_config_of(config: Any) -> Any:
         return config.get_text_config(decoder=True)
     except TypeError:
         return config.get_text_config()
+
+
+TEXT_SUBCONFIG_KEYS = ("text_config", "llm_config", "language_config", "language_model_config", "decoder", "generator", "text_model_config")
+"""Names real composite configs give their language model's sub-config, preferred in this order
+when several hold a decoder: transformers' own names first (``get_text_config``), then the ones
+real remote VLMs use (InternVL's ``llm_config``, DeepSeek-VL's ``language_config``). Any other
+key is found too (``text_subconfig``): InfiMM keeps its language model under ``language``."""
+
+TOWER_WORDS = ("vision", "visual", "vit", "image", "video", "audio", "speech", "whisper", "siglip", "clip", "encoder",
+               "projector", "resampler", "perceiver", "qformer", "aligner", "connector", "talker", "vae")
+"""Words in a sub-config's key or model_type that mark an encoder tower or a connector, never the
+decoder: a vision tower has a layer count and heads too (``vision_config``, InfiMM's ``visual``)."""
+
+MAX_SUBCONFIG_DEPTH = 2
+"""How deep ``text_subconfig`` looks (``thinker_config.text_config`` is two levels down)."""
+
+
+def text_subconfig(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
+    """(key, sub-config) of the language model's decoder in a plain-dict composite config whose
+    top level has no layer count; None when no nested object looks like one.
+
+    A list of names misses the next model's spelling, so every nested object is a candidate
+    when it states a layer count and is not an encoder tower (``TOWER_WORDS`` in its key or
+    model_type). A name from ``TEXT_SUBCONFIG_KEYS`` is taken on its layer count alone (as before);
+    any other key must also state the attention geometry (head count and hidden size), as a
+    decoder does. Among several: the known names in their order, then the ones with a
+    vocabulary (a decoder embeds tokens; a tower does not), then the shallower, then file order.
+    The key is dotted for a nested one (``thinker_config.text_config``)."""
+    found = [(_rank(path, sub, i), ".".join(path), sub) for i, (path, sub) in enumerate(_nested_objects(config, ()))
+             if _looks_like_decoder(path, sub)]
+    if not found:
+        return None
+    _, key, sub = min(found, key=lambda c: c[0])
+    return key, sub
+
+
+def _nested_objects(config: Mapping[str, Any], path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Mapping[str, Any]]]:
+    """Every nested object down to ``MAX_SUBCONFIG_DEPTH``, towers' insides left out."""
+    out: list[tuple[tuple[str, ...], Mapping[str, Any]]] = []
+    for key, value in config.items():
+        if isinstance(value, Mapping) and isinstance(key, str) and key not in ("quantization_config", "auto_map"):
+            here = (*path, key)
+            out.append((here, value))
+            if len(here) < MAX_SUBCONFIG_DEPTH and not _is_tower(here, value):
+                out.extend(_nested_objects(value, here))
+    return out
+
+
+def _is_tower(path: tuple[str, ...], sub: Mapping[str, Any]) -> bool:
+    model_type = sub.get("model_type")
+    names = [p.lower() for p in path] + ([model_type.lower()] if isinstance(model_type, str) else [])
+    return any(word in name for name in names for word in TOWER_WORDS)
+
+
+def _stated(sub: Mapping[str, Any], names: tuple[str, ...]) -> bool:
+    return any(sub.get(n) is not None and not isinstance(sub.get(n), (bool, Mapping)) for n in names)
+
+
+def _looks_like_decoder(path: tuple[str, ...], sub: Mapping[str, Any]) -> bool:
+    if _is_tower(path, sub) or not _stated(sub, V.LAYER_FIELDS):
+        return False
+    return path[-1] in TEXT_SUBCONFIG_KEYS or (_stated(sub, V.HEAD_FIELDS) and _stated(sub, V.HIDDEN_FIELDS))
+
+
+def _rank(path: tuple[str, ...], sub: Mapping[str, Any], order: int) -> tuple[int, int, int, int]:
+    known = TEXT_SUBCONFIG_KEYS.index(path[-1]) if path[-1] in TEXT_SUBCONFIG_KEYS else len(TEXT_SUBCONFIG_KEYS)
+    return known, 0 if _stated(sub, V.VOCAB_FIELDS) else 1, len(path), order
+
+
+def check_subconfig(sub: Mapping[str, Any], key: str) -> None:
+    """Raise FactsError for a field of the sub-config the language model is read from (``key``)
+    that no model can have: ``check_config`` only walks ``*_config`` objects, and a decoder kept
+    under another key (``language``) is read just the same."""
+    problem = _problem(sub, f"{key}.")
+    if problem:
+        raise FactsError(f"config.json: {problem}")

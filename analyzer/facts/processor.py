@@ -11,12 +11,22 @@ Three depths, each recorded: the class named by the files (static: a transformer
 inspected, remote code is read with ``ast`` and never imported); the processor built from the
 folder where that works offline (never with remote code); and, built, one real call on a
 blank image asking for replacement offsets, which is what vLLM does with every request.
+
+``read_by`` says how the class was read: ``class`` (transformers' class imported and inspected),
+``library source`` (transformers' own source read with ``ast``: the class does not import here,
+e.g. Mistral 3.1's PixtralProcessor needs torchvision, which only its fast image processor uses),
+or ``remote source`` (the repo's code read with ``ast``). What vLLM needs of the class
+(ProcessorMixin, sub-processors, ``_get_num_multimodal_tokens``, ``replace_<modality>_token``,
+``__call__``) is in its source either way, so a missing optional backend does not leave the
+answer open; only the probe (``built``) needs the class to run.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
+import sys
 import textwrap
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -59,6 +69,13 @@ class ProcessorFacts:
     problems: list[str] = field(default_factory=list)
     source_line: dict[str, tuple[str, int]] = field(default_factory=dict)
     """Remote code: where the processor class is defined (file, line)."""
+    read_by: str | None = None
+    """How the class was read: ``class`` (imported and inspected), ``library source`` (transformers'
+    own source read with ``ast``, the class not importable here), ``remote source`` (the repo's
+    code read with ``ast``); None: not read (no class named, or its code not found)."""
+    read_note: str | None = None
+    """Why it was read that way, and from which file, in one line (``library source``: the
+    import error or missing backend that kept the class from importing)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,14 +132,19 @@ def _inspect_class(facts: ProcessorFacts, name: str) -> None:
     try:
         cls = getattr(transformers, name, None)
     except Exception as exc:  # noqa: BLE001 - a processor whose module does not import here (e.g. needs torchvision)
-        facts.problems.append(f"{name} does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+        why = f"it does not import here ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"
+        if not _read_library_source(facts, name, _library_module(name, None), why):
+            facts.problems.append(f"{name} does not import: {why}")
         return
     if not isinstance(cls, type):
         facts.problems.append(f"transformers {transformers.__version__} has no class {name}")
         return
     if "<locals>" in cls.__qualname__:  # transformers' placeholder for a class whose backend (e.g. torchvision) is missing
-        facts.problems.append(f"{name} needs a backend that is not installed here (transformers gives a placeholder)")
+        why = f"it needs {_missing_backends(cls)}, not installed here (transformers gives a placeholder)"
+        if not _read_library_source(facts, name, _library_module(name, cls), why):
+            facts.problems.append(f"{name} needs a backend that is not installed here (transformers gives a placeholder)")
         return
+    facts.read_by, facts.read_note = "class", f"{name} imported from transformers {transformers.__version__} and inspected"
     facts.is_processor_mixin = issubclass(cls, ProcessorMixin)
     if not facts.is_processor_mixin:
         return
@@ -171,31 +193,152 @@ def _read_remote(facts: ProcessorFacts, files: ProcessorFiles, name: str) -> Non
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 facts.source_line["class"] = (path, node.lineno)
-                _read_class(facts, node, path)
+                facts.read_by, facts.read_note = "remote source", f"{name} read with ast from the repo's {path} (remote code is never imported)"
+                bases = {_base_name(b) for b in node.bases}
+                _read_chain(facts, [(path, node)], "ProcessorMixin" in bases or None)  # another base: not decidable without running it
                 return
     facts.problems.append(f"{name}: its remote code is not among the files read")
 
 
-def _read_class(facts: ProcessorFacts, node: ast.ClassDef, path: str) -> None:
-    bases = {ast.unparse(b).rpartition(".")[2] for b in node.bases}
-    facts.is_processor_mixin = "ProcessorMixin" in bases or None  # another base: not decidable without running it
-    methods = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
-    attributes: list[str] = []
-    for item in node.body:
-        if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "attributes" for t in item.targets):
-            if isinstance(item.value, (ast.List, ast.Tuple)):
-                attributes = [e.value for e in item.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-    if not attributes and "__init__" in methods:
-        attributes = [a.arg for a in methods["__init__"].args.args[1:] if any(m in a.arg for m in ("processor", "extractor", "tokenizer"))]
-    facts.sub_processors = attributes
-    facts.modalities = [m for m in MODALITIES if any(a in attributes for a in SUB_PROCESSORS[m])]
+def _base_name(base: ast.expr) -> str:
+    return ast.unparse(base).rpartition(".")[2]
+
+
+def _read_chain(facts: ProcessorFacts, chain: list[tuple[str, ast.ClassDef]], mixin: bool | None, *, remote: bool = True) -> None:
+    """The facts of a class read statically: ``chain`` is the class and the bases it inherits
+    from down to ProcessorMixin (subclass first; ``mixin``: whether ProcessorMixin was reached).
+    A method counts where any class of the chain defines it, the first definition wins, as in
+    Python's lookup. ``remote``: record ``__call__``'s line (remote code: a place in the repo)."""
+    facts.is_processor_mixin = mixin
+    methods: dict[str, tuple[str, ast.FunctionDef]] = {}
+    attributes: list[str] | None = None
+    for path, node in chain:
+        own = {f.name: f for f in node.body if isinstance(f, ast.FunctionDef)}
+        for method_name, fn in own.items():
+            methods.setdefault(method_name, (path, fn))
+        if attributes is None:
+            attributes = _declared_attributes(node, own)
+    facts.sub_processors = attributes or []
+    facts.modalities = [m for m in MODALITIES if any(a in facts.sub_processors for a in SUB_PROCESSORS[m])]
     facts.counts_tokens = "_get_num_multimodal_tokens" in methods
     facts.replaces = {m: f"replace_{m}_token" in methods for m in facts.modalities}
     if "__call__" in methods:
-        facts.call_reaches_replacements = _reaches_replacements(ast.unparse(methods["__call__"]))
-        facts.source_line["__call__"] = (path, methods["__call__"].lineno)
+        path, fn = methods["__call__"]
+        facts.call_reaches_replacements = _reaches_replacements(ast.unparse(fn))
+        if remote:
+            facts.source_line["__call__"] = (path, fn.lineno)
     else:
         facts.call_reaches_replacements = True if facts.is_processor_mixin else None
+
+
+def _declared_attributes(node: ast.ClassDef, methods: dict[str, ast.FunctionDef]) -> list[str] | None:
+    """A class's sub-processors as it declares them (an ``attributes`` list, else its ``__init__``'s
+    processor / extractor / tokenizer arguments, as ProcessorMixin.get_attributes reads them);
+    None where the class declares neither (a base's declaration applies)."""
+    for item in node.body:
+        if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "attributes" for t in item.targets):
+            if isinstance(item.value, (ast.List, ast.Tuple)):
+                return [e.value for e in item.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    if "__init__" in methods:
+        return [a.arg for a in methods["__init__"].args.args[1:] if any(m in a.arg for m in ("processor", "extractor", "tokenizer"))]
+    return None
+
+
+def _missing_backends(placeholder: type) -> str:
+    """The backends transformers' placeholder names (``_backends``), else 'a backend'."""
+    backends = getattr(placeholder, "_backends", None)
+    names = [str(b) for b in backends] if isinstance(backends, (list, tuple, set, frozenset)) else []
+    return " and ".join(names) if names else "a backend"
+
+
+def _library_module(name: str, placeholder: type | None) -> str | None:
+    """The transformers module that defines ``name``, without importing it: the placeholder's
+    module, else the lazy top-level module's class-to-module table."""
+    module = getattr(placeholder, "__module__", None)
+    if isinstance(module, str) and module.startswith("transformers."):
+        return module
+    table = getattr(sys.modules.get("transformers"), "_class_to_module", None)
+    found = table.get(name) if isinstance(table, dict) else None
+    return f"transformers.{found}" if isinstance(found, str) else None
+
+
+def _parse_module(module: str) -> tuple[ast.Module, str] | None:
+    """(syntax tree, path relative to site-packages) of an installed module, read as text
+    (``find_spec`` imports only the parent packages, which in transformers are lazy)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    return tree, module.replace(".", "/") + ".py"
+
+
+def _imported_from(tree: ast.Module, name: str, module: str) -> str | None:
+    """The module a name used in ``module`` comes from: ``module`` itself where it defines the
+    class, else the module of its ``from ... import`` (relative imports resolved), at top level
+    or under an ``if`` / ``try`` (transformers guards imports by backend)."""
+    nodes = list(tree.body)
+    while nodes:
+        node = nodes.pop(0)
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return module
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            try:
+                return importlib.util.resolve_name("." * node.level + (node.module or ""), module.rpartition(".")[0]) if node.level else node.module
+            except (ImportError, ValueError):
+                return None
+        if isinstance(node, (ast.If, ast.Try)):
+            nodes.extend([*node.body, *getattr(node, "orelse", []), *[n for h in getattr(node, "handlers", []) for n in h.body]])
+    return None
+
+
+MAX_BASES = 8
+"""How many processor classes deep ``_library_chain`` follows bases (transformers' go 1-3 deep)."""
+
+
+def _library_chain(name: str, module: str) -> tuple[list[tuple[str, ast.ClassDef]], bool | None]:
+    """The class ``name`` of transformers' ``module`` and the processor bases it inherits from,
+    read from source (subclass first), and whether the chain reaches ProcessorMixin (None: a
+    base that is not transformers' code, or not found)."""
+    chain: list[tuple[str, ast.ClassDef]] = []
+    while len(chain) < MAX_BASES:
+        parsed = _parse_module(module)
+        node = next((n for n in parsed[0].body if isinstance(n, ast.ClassDef) and n.name == name), None) if parsed else None
+        if parsed is None or node is None:
+            return chain, None
+        chain.append((parsed[1], node))
+        bases = [_base_name(b) for b in node.bases]
+        if "ProcessorMixin" in bases:
+            return chain, True
+        follow = next(((b, m) for b in bases if (m := _imported_from(parsed[0], b, module)) and m.startswith("transformers.")), None)
+        if follow is None:
+            return chain, None
+        name, module = follow
+    return chain, None
+
+
+def _read_library_source(facts: ProcessorFacts, name: str, module: str | None, why: str) -> bool:
+    """Read a transformers processor class from transformers' own source when the class does not
+    import here: its module imports a backend only some of its parts use (PixtralProcessor's
+    module imports the torchvision image processor for one helper), while what vLLM needs of the
+    class is in its source. False where the source is not found (the caller reports why)."""
+    import transformers
+
+    chain, mixin = _library_chain(name, module) if module else ([], None)
+    if not chain:
+        return False
+    _read_chain(facts, chain, mixin, remote=False)
+    facts.read_by = "library source"
+    facts.read_note = (f"{name} read with ast from transformers {transformers.__version__}'s {chain[0][0]}"
+                       + (f" (and its bases in {', '.join(dict.fromkeys(p for p, _ in chain[1:]))})" if len(chain) > 1 else "")
+                       + f", not imported: {why}")
+    return True
 
 
 PROBE_SIDE = 224

@@ -26,6 +26,7 @@ def render_text(report: dict[str, Any], console: Console, verbose: bool = False)
     lines = [head, Text(f"source: {model['source']}" + (f" — {model['source_note']}" if model["source_note"] else ""), style="dim")]
     if model.get("parameters"):
         lines.append(Text(f"parameters: {model['parameters'] / 1e9:.2f} B", style="dim"))
+    lines += [Text(note, style="dim") for note in model.get("notes") or []]
     target = report.get("target") or {}
     if target:
         lines.append(Text(f"predicted for: {target['label']}", style="dim"))

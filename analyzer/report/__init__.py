@@ -221,6 +221,8 @@ def _model_section(analysis: Analysis, mem: MemoryEstimate | None) -> dict[str, 
         "multimodal": facts.multimodal,
         "towers": facts.towers,
         "vllm_backend_class": backend_class(facts.architectures, facts.multimodal, facts.is_moe).name,
+        "text_config_key": facts.text_config_key,
+        "notes": list(facts.notes),
     }
 
 
