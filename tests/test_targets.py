@@ -308,3 +308,35 @@ def test_table_generator_reads_a_registry_and_its_packages(tmp_path):
     (vllm / "model_executor/layers/quantization/__init__.py").write_text(
         'QuantizationMethods = Literal["awq", "fp8"]\nDEPRECATED_QUANTIZATION_METHODS = ["fp8"]\n')
     assert gen.quantization_methods(vllm) == {"methods": ["awq", "fp8"], "deprecated": ["fp8"]}
+
+
+# ----------------------------------------------------------------------- the release drill
+
+
+def test_release_drill_reads_the_moves_of_033_to_034(tmp_path):
+    """The drill's readings on the committed tables: the registry's moves, the removed
+    quantization method, the backend files that changed and the rules citing them, and a type's
+    moved answer explained by the check whose status changed."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import vllm_release_drill as drill
+    finally:
+        sys.path.pop(0)
+    old, new = drill.tables_of("0.33.0"), drill.tables_of("0.34.0")
+    moves = "\n".join(drill.table_moves(old, new))
+    assert "`GemmaForCausalLM`" in moves and "`AriaForConditionalGeneration`" in moves and "`fp_quant`" in moves
+    assert "native `PaliGemmaForConditionalGeneration` builds GemmaForCausalLM" in moves
+    sources = "\n".join(drill.source_moves(old, new))
+    assert "`vllm/model_executor/models/transformers/base.py` changed; cited by:" in sources and "HFC204" in sources
+    assert "is gone in" not in sources  # every symbol the rules cite is still there in 0.34
+    report = {"verdict": "native-speed", "serve": {"auto": "native"}, "serve_command": "vllm serve x --model-impl transformers",
+              "modules": [{"class": "GemmaMLP", "fusions": ["glu"]}], "parallel": {"tp": {"sizes": {"1": True}}},
+              "checks": [{"code": "HFC103", "status": "info", "message": "native"}]}
+    moved = {**report, "serve": {"auto": "listed"}, "serve_command": "vllm serve x",
+             "checks": [{"code": "HFC103", "status": "info", "message": "listed"}, {"code": "HFC108", "status": "pass", "message": "ok"}]}
+    (row,) = drill.compare({"gemma": report, "qwen3": report}, {"gemma": moved, "qwen3": report}, None, None)
+    assert row["target"] == "gemma" and row["moved"]["auto"] == ("native", "listed")
+    assert drill.explain(row).startswith("HFC103 listed; HFC108 absent -> pass")
+    silent = drill.compare({"t": report}, {"t": {**report, "verdict": "runs"}}, None, None)
+    assert drill.explain(silent[0]).startswith("UNEXPLAINED")
+    assert all(line.endswith("modelled (HFC108)") for line in drill.minimums(new) if "Aria" in line)
