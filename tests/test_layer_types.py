@@ -58,11 +58,15 @@ def _build(model_type: str, **kwargs):
 
 # The dict-path conventions are read from transformers 5.24; older releases derive some
 # defaults differently (llama4_text chunking, recurrent_gemma), and there hfcheck reads the
-# config object itself, so the dict-vs-object comparisons only hold from 5.24 on.
-NEWEST_CONVENTIONS = pytest.mark.skipif(
-    tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24),
-    reason="layer-type conventions were read from transformers 5.24",
-)
+# config object itself, so for those types the dict-vs-object comparison only holds from 5.24 on.
+OLDER_CONVENTIONS = frozenset({"llama4_text", "recurrent_gemma"})
+"""Types whose dict path follows 5.24's convention (checked on 5.22.2 and 5.20.2: only these differ)."""
+BEFORE_524 = tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 24)
+
+
+def newest_convention(model_type: str) -> None:
+    if BEFORE_524 and model_type in OLDER_CONVENTIONS:
+        pytest.skip(f"{model_type}'s layer-type convention was read from transformers 5.24")
 
 
 def _reference(model_type: str, **kwargs) -> list[str]:
@@ -506,9 +510,9 @@ CASES: list[tuple[str, dict]] = [
 ]
 
 
-@NEWEST_CONVENTIONS
 @pytest.mark.parametrize(("model_type", "kwargs"), CASES, ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
 def test_dict_matches_transformers(model_type, kwargs):
+    newest_convention(model_type)
     expected = _reference(model_type, **kwargs)
     assert layer_types({"model_type": model_type, **kwargs}) == expected
     assert layer_types(_build(model_type, **kwargs)) == expected
@@ -538,7 +542,6 @@ def test_config_objects_without_layer_types(model_type, kwargs, expected):
     assert layer_types({"model_type": model_type, **kwargs}) == expected
 
 
-@NEWEST_CONVENTIONS
 def test_every_transformers_model_type_default():
     """Each model type's own default convention, wherever its config derives layer_types:
     the dict path with only `model_type` (and a layer count) against the built object."""
@@ -557,9 +560,11 @@ def test_every_transformers_model_type_default():
             declared = [normalise_kind(k) for k in declared]
             if not set(declared) <= KNOWN_KINDS:
                 continue  # vision backbones: layer_types names block shapes there
+            if BEFORE_524 and model_type in OLDER_CONVENTIONS:
+                continue
             compared.add(model_type)
             got = layer_types({"model_type": model_type, **kwargs})
             if got != declared or layer_types(obj) != declared:
                 mismatches.append((model_type, kwargs, got, declared))
     assert mismatches == []
-    assert len(compared) >= 80, sorted(compared)
+    assert len(compared) >= 75, sorted(compared)  # 78 in transformers 5.20.2, more in newer releases

@@ -164,10 +164,11 @@ def test_port_runs_code_written_for_gpus_with_cpu_stand_ins(tmp_path, capsys):
     checks = {c["name"]: c for c in result["proof"]["checks"]}
     assert checks["random weights, eager"]["ok"] and checks["random weights, sdpa"]["ok"]
     assert code == 1 and result["status"] == "failed" and not checks["greedy generate, 4 tokens with the KV cache"]["ok"]
-    # the port itself drops the .cuda() (HFC814, which scan reports as a warning): it is proven on a CPU
+    # the port itself drops the .cuda() (HFC814, which scan reports as a failure on CPUs only: on a GPU
+    # .cuda() works, so predicted for CUDA it is recorded, not counted): it is proven on a CPU
     assert [c["code"] for c in result["changes"] if "cuda" in c["what"]] == ["HFC814"]
     assert ".cuda()" not in (out / "modeling_legacy.py").read_text()
-    assert rescan(result)["HFC814"][0] == "warn"
+    assert rescan(result)["HFC814"][0] == "info"
     port_md = (out / "PORT.md").read_text()
     assert "CPU stand-ins" in port_md and "`flash_attn.bert_padding`" in port_md and shims["cuda_calls"][0] in port_md
 

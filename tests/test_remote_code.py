@@ -78,13 +78,13 @@ def test_legacy_findings_say_why():
     assert lines[("HFC805", 114)]["status"] == "fail"  # no flag and the source test fails
     mask_utils = lines[("HFC811", 14)]
     assert "5.24" in mask_utils["message"] and "5.23" in mask_utils["message"]
-    # judged where the code runs: vLLM 0.33.0 pins transformers <5.21, which still has it (a warning),
+    # judged where the code runs: vLLM 0.34.0 pins transformers <5.23, which still has it (a warning),
     # whatever transformers hfcheck itself runs on
-    assert mask_utils["status"] == "warn" and "vLLM 0.33.0's transformers >=5.16.1,<5.21.0" in mask_utils["message"]
+    assert mask_utils["status"] == "warn" and "vLLM 0.34.0's transformers >=5.16.1,<5.23.0" in mask_utils["message"]
     assert lines[("HFC811", 13)]["status"] == "fail" and "HybridCache" in lines[("HFC811", 13)]["message"]
     assert lines[("HFC811", 72)]["status"] == "warn"  # a Cache method: fails only when that path runs
-    flash = lines[("HFC812", 23)]  # not in vLLM 0.33.0's dependencies, installed here or not
-    assert flash["status"] == "fail" and "flash_attn" in flash["message"] and "vLLM 0.33.0's environment" in flash["message"]
+    flash = lines[("HFC812", 23)]  # not in vLLM 0.34.0's dependencies, installed here or not
+    assert flash["status"] == "fail" and "flash_attn" in flash["message"] and "vLLM 0.34.0's environment" in flash["message"]
 
 
 def test_blocks_inside_a_sequential_and_einsum_attention_are_found():
