@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -82,8 +83,8 @@ def environment_and_crosscheck(version: str, venv: Path, wheel_dir: Path) -> dic
     out["environment"] = env_proc.returncode == 0
     cc = sh(["bash", str(ROOT / "scripts" / "ci_crosscheck.sh")], env={**os.environ, "VLLM_VENV": str(venv), "VLLM_VERSION": version})
     summary = [line for line in (cc.stdout + cc.stderr).splitlines()
-               if line.startswith(("[ci_crosscheck", "gate:", "model types compared", "build:", "--cross-check", "  ")) and "pip" not in line
-               and not line.startswith("   ")]
+               if line.startswith(("[ci_crosscheck", "gate:", "model types compared", "build:", "--cross-check", "Agreement"))
+               or re.match(r"^  \w+\s+\d+/\d+", line)]
     out["crosscheck"] = {"ok": cc.returncode == 0, "tail": summary[-30:]}
     return out
 
