@@ -93,7 +93,8 @@ def ray_cluster():
     temp = Path(tempfile.mkdtemp(prefix="hfr-", dir="/tmp"))  # short: Ray's unix sockets live under it
     (temp / "tmp").mkdir()
     port = free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(temp / "tmp")}
+    (temp / "home").mkdir()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": str(temp / "tmp"), "HOME": str(temp / "home")}
     common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     sessions = []
     cluster = Cluster(f"127.0.0.1:{port}", temp, ())
@@ -122,7 +123,11 @@ def folder(path: Path, config: dict) -> Path:
 
 
 def sweep(tmp_path: Path, *args: str, cache: str, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HFCHECK_CACHE_DIR": str(tmp_path / cache), **env}
+    """``hfcheck sweep ... --format json`` with its caches, the Hub's and a home of its own under
+    ``tmp_path`` (Ray reads and writes ``~/.ray``: the user's home is never the test's)."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    full = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HFCHECK_CACHE_DIR": str(tmp_path / cache),
+            "HOME": str(tmp_path / "home"), "RAY_USAGE_STATS_ENABLED": "0", **env}
     return subprocess.run([sys.executable, "-m", "hfcheck.analyzer.sweep", *args, "--format", "json"],
                           capture_output=True, text=True, env=full, timeout=400, cwd=tmp_path)
 
@@ -180,6 +185,23 @@ def test_ray_sweep_equals_the_local_pool_survives_hang_crash_and_dead_actor(ray_
     back = sweep(tmp_path, "type:qwen3", "--jobs", "1", cache="local-cache")
     assert "(0 analysed, 1 from cache" in back.stderr and json.loads(back.stdout) == {"qwen3": json.loads(mixed.stdout)["qwen3"]}
     assert leftovers_on(ray_cluster) == []
+
+
+def test_a_local_instance_leaves_nothing_in_the_home(tmp_path):
+    """``--ray`` alone with nothing running starts a local Ray instance. Ray turns token
+    authentication on for it and, left alone, writes the token to ``~/.ray/auth_token``, which
+    then puts every later Ray client of the user in token mode (the cluster fixture above, started
+    without authentication, refused them: InvalidAuthToken). The sweep's instance gets its token
+    in its environment: the home stays as it was, the instance is gone afterwards."""
+    private_tmp = Path(tempfile.mkdtemp(prefix="hfl-", dir="/tmp"))  # short: Ray's unix sockets live under it
+    try:
+        run = sweep(tmp_path, "type:qwen3", "--ray", "--no-cache", cache="c", TMPDIR=str(private_tmp))
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert json.loads(run.stdout)["qwen3"]["verdict"] == "native-speed"
+        assert "on Ray (1 actors)" in run.stderr, run.stderr[-2000:]
+        assert list((tmp_path / "home").iterdir()) == []
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def test_ray_address_that_answers_nothing_is_one_line(tmp_path):

@@ -26,12 +26,20 @@ extra ``hfcheck[ray]``. Environment variables the worker reads that a cluster no
 have (the test hooks ``HFCHECK_TEST_*``, ``TRANSFORMERS_VERBOSITY``) go with the job's runtime
 environment; the Hub token never does (workers read nothing from the Hub: the driver resolved
 every config before handing it out).
+
+A local Ray instance the sweep starts (``--ray`` alone, nothing running) leaves nothing in the
+user's home: Ray turns token authentication on for a new local instance and would write the token
+it generates to ``~/.ray/auth_token``, where it stays and puts every later Ray client on the
+machine in token mode (a cluster started without authentication then refuses them). The sweep
+gives that instance a token of its own in its environment instead (``RAY_AUTH_TOKEN``: this
+process, the instance and its workers hold it, nothing else): the same protection, no file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import time
 from collections import deque
@@ -113,6 +121,26 @@ def _answers(address: str, timeout: float = 5.0) -> None:
         raise PoolError(f"cannot connect to the Ray cluster at {address}: nothing answers there ({exc.strerror or type(exc).__name__})") from None
 
 
+def _token_for_a_new_local_instance(address: str) -> None:
+    """Where ``ray.init`` will start a new local instance, a token of its own in the environment,
+    so that Ray writes none to ``~/.ray/auth_token`` (see the module's docstring). A cluster the
+    sweep connects to, and any authentication the user set up (``RAY_AUTH_*``, a token file),
+    are left as they are."""
+    try:  # Ray's own answers to "where is the token file" and "is a local instance running"
+        from ray._private.authentication.authentication_token_setup import _get_default_token_path
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:  # a Ray without token authentication (or that moved them): nothing to do
+        return
+    if any(os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")) or _get_default_token_path().exists():
+        return
+    try:
+        if canonicalize_bootstrap_address(address or None) is not None:
+            return  # a running cluster: its own authentication applies
+    except Exception:  # noqa: BLE001 - Ray's own connection error follows from ray.init with its message
+        return
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_urlsafe(32)
+
+
 class RayPool:
     """``run(tasks, on_result, on_start)`` and ``close(kill)`` as ``WorkerPool`` has them.
 
@@ -149,6 +177,7 @@ class RayPool:
 
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) or k in FORWARDED_ENV}
         _answers(self.address)
+        _token_for_a_new_local_instance(self.address)
         try:
             ray.init(
                 address=self.address or None,
