@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Hermetic: what the suite caches (the Hub's cache and transformers' copies of remote code under
+# HF_HOME, hfcheck's scan and sweep caches, vLLM's cache root) lives in one temporary folder per
+# run, shared by the xdist workers (they inherit the environment this sets) and removed at the
+# end; the user's home is neither read nor written. Ray gets a home of its own in test_ray.py.
+# The one exception is hfcheck's store of Python environments ($HFCHECK_ENV_DIR, default the
+# user cache): the transformers releases a port's reference runs in, the analysis environments
+# of --vllm 0.33/0.32 and vLLM's CPU build take minutes each to build, and the suite reuses them.
+if "HFCHECK_TEST_STATE" not in os.environ:
+    _STATE = Path(tempfile.mkdtemp(prefix="hfcheck-tests-"))
+    os.environ["HFCHECK_TEST_STATE"] = str(_STATE)
+    os.environ.update(HF_HOME=str(_STATE / "hf"), HFCHECK_CACHE_DIR=str(_STATE / "hfcheck-cache"),
+                      VLLM_CACHE_ROOT=str(_STATE / "vllm"), RAY_USAGE_STATS_ENABLED="0")
+    for _key in ("HF_HUB_CACHE", "HF_MODULES_CACHE", "HF_DATASETS_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
+        os.environ.pop(_key, None)  # each follows HF_HOME
+    atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "hub"
 BUNDLED = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled"
