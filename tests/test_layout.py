@@ -243,3 +243,20 @@ def test_the_reference_child_reads_the_job_runners_files():
 
     text = MODULES["hfcheck.porter.reference.child"].read_text(encoding="utf-8")
     assert f'"{JOB}"' in text and f'"{RESULT}"' in text
+
+
+def test_every_module_is_in_a_package_the_wheel_ships():
+    """setup.py finds the packages under each folder package-dir maps (a hand-kept list once
+    shipped two subpackages as data only): a module in a folder without ``__init__.py`` would be
+    left out of the wheel, so none may exist. The list it finds is the wheel's."""
+    import runpy
+    from unittest import mock
+
+    with mock.patch("setuptools.setup") as setup:
+        runpy.run_path(str(ROOT / "setup.py"))
+    shipped = set(setup.call_args.kwargs["packages"])
+    assert {module.rsplit(".", 1)[0] if path.name != "__init__.py" else module for module, path in MODULES.items()} <= shipped
+    assert {"hfcheck.analyzer.vllm", "hfcheck.porter.port.codemods", "hfcheck.isolation"} <= shipped
+    orphans = [str(path.relative_to(ROOT)) for path in MODULES.values()
+               if path.name != "__init__.py" and not (path.parent / "__init__.py").is_file()]
+    assert orphans == []
