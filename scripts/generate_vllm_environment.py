@@ -1,4 +1,4 @@
-"""Regenerate analyzer/data/vllm_environment.json: what `pip install vllm==X` puts in the
+"""Regenerate analyzer/data/vllm/<release>/environment.json: what `pip install vllm==X` puts in the
 environment that serves a model (the dependency closure), and the top-level modules each
 distribution provides. Remote code's imports are judged against this, not hfcheck's own venv.
 

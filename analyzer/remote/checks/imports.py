@@ -164,7 +164,7 @@ class UnavailablePackages(RemoteCodeRule):
         "Before executing remote code, transformers imports every package get_imports lists and refuses the model when "
         "one is missing ('This modeling file requires the following packages that were not found'). The code runs where "
         "vLLM runs, so imports are judged against the modelled vLLM release's dependency closure "
-        "(analyzer/data/vllm_environment.json: einops is there; flash_attn, bitsandbytes, accelerate are not), "
+        "(analyzer/data/vllm/<release>/environment.json: einops is there; flash_attn, bitsandbytes, accelerate are not), "
         "not against the environment hfcheck itself runs in."
     )
     example = "from flash_attn import flash_attn_func   # at module level, unguarded"
