@@ -16,7 +16,7 @@ from hfcheck.analyzer.sources import ModelSource, resolve
 @dataclass
 class Scan:
     analysis: Analysis  # the raw facts and observations (verify's proofs and --graph read them)
-    report: dict[str, Any]  # the stable JSON report (schema in analyzer/report/schema.json)
+    report: dict[str, Any]  # the stable JSON report (schema in analyzer/report/scan.schema.json)
 
 
 def scan(ref: str | ModelSource, *, trust_remote_code: bool = False, sandbox_timeout: float = 120.0) -> Scan:
