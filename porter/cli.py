@@ -19,6 +19,9 @@ from pathlib import Path
 
 from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, Parser
 
+TP2 = {"auto": None, "yes": True, "no": False}
+"""--tp2 as smoke_serve takes it (None: when hfcheck predicts TP 2 loads and there are 2 cores)."""
+
 
 def add_parser(subparsers) -> None:
     port = subparsers.add_parser("port", help="rewrite a remote-code model into one vLLM's transformers backend serves, prove it, write a model folder")
@@ -26,6 +29,8 @@ def add_parser(subparsers) -> None:
     port.add_argument("--out", metavar="DIR", help="output folder (created; must be empty unless --force)")
     port.add_argument("--format", choices=("text", "json"), default="text")
     port.add_argument("--serve", action="store_true", help="then smoke-serve the ported folder (hfcheck serve)")
+    port.add_argument("--tp2", choices=("auto", "yes", "no"), default="auto",
+                      help="with --serve: also serve at tensor-parallel size 2, as hfcheck serve --tp2 does")
     port.add_argument("--no-verify", action="store_true", help="skip the logit-equivalence proof")
     port.add_argument("--no-rescan", action="store_true", help="skip the re-scan of the output")
     port.add_argument("--force", action="store_true", help="replace the contents of a non-empty --out folder")
@@ -104,7 +109,7 @@ def _port(args) -> int:
 
         log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
         try:
-            result.serve = smoke_serve(args.out, log=log).to_dict()
+            result.serve = smoke_serve(args.out, log=log, tp2=TP2[args.tp2]).to_dict()
         except ServeError as exc:
             result.serve = {"ok": False, "error": str(exc)}
     if args.format == "json":
@@ -128,7 +133,7 @@ def _serve(args) -> int:
     log = None if args.format == "json" else (lambda line: print(f"serve: {line}", flush=True))
     try:
         result = smoke_serve(args.dir, prompt=args.prompt or DEFAULT_PROMPT, max_tokens=args.max_tokens, backend=args.backend,
-                             startup_timeout=args.timeout, log=log, tp2={"auto": None, "yes": True, "no": False}[args.tp2], image=args.image)
+                             startup_timeout=args.timeout, log=log, tp2=TP2[args.tp2], image=args.image)
     except ServeError as exc:
         return _fail(str(exc))
     if args.format == "json":

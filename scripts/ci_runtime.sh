@@ -32,19 +32,13 @@ from hfcheck.porter.reference.sample import write_sample
 src, work = Path(sys.argv[1]), Path(sys.argv[2])
 sample = write_sample(src, work / "sample")
 ok = True
-# retarget to a native class, and the in-place rewrite of the remote code. The rewrite is served
-# by `port --serve` (TP 1 and 2: the rewritten code's own tensor-parallel plan); the retarget's
-# native class is served at TP 1 only (`hfcheck serve --tp2 no`), which spares CI a vLLM start.
-for path in ("auto", "rewrite"):
-    out = work / f"ported-{path}"
-    serve_here = ["--serve"] if path == "rewrite" else []
-    proc = subprocess.run([sys.executable, "-m", "hfcheck", "port", str(sample), "--out", str(out), "--path", path,
-                           *serve_here, "--format", "json"], capture_output=True, text=True)
+# retarget to a native class, and the in-place rewrite of the remote code, each served end to end
+# (`port --serve`): the rewrite at TP 1 and 2 (the rewritten code's own tensor-parallel plan), the
+# retarget's native class at TP 1 only, which spares CI a vLLM start.
+for path, tp2 in (("auto", "no"), ("rewrite", "auto")):
+    proc = subprocess.run([sys.executable, "-m", "hfcheck", "port", str(sample), "--out", str(work / f"ported-{path}"), "--path", path,
+                           "--serve", "--tp2", tp2, "--format", "json"], capture_output=True, text=True)
     result = json.loads(proc.stdout)
-    if path != "rewrite" and result["status"] == "ported":
-        served = subprocess.run([sys.executable, "-m", "hfcheck", "serve", str(out), "--tp2", "no", "--format", "json"],
-                                capture_output=True, text=True)
-        result["serve"] = json.loads(served.stdout) if served.stdout.strip() else {"ok": False, "error": served.stderr.strip()[-300:]}
     serve = result.get("serve") or {}
     print(f"port --path {path}: {result['status']} ({result['path']}, {result['message'][:160]})")
     print(f"serve: backend {serve.get('backend')} vLLM {serve.get('vllm_version')}, tokens {serve.get('server_token_ids')} vs {serve.get('reference_token_ids')}, "

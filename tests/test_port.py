@@ -198,7 +198,7 @@ def test_port_fused_wqkv_retargets_with_checkpoint_and_serve(tmp_path, capsys):
     write_checkpoint(src)
     write_tokenizer(src, json.loads((src / "config.json").read_text())["vocab_size"])
     out = tmp_path / "fused-ported"
-    code, result = port_json(src, out, capsys, "--serve")
+    code, result = port_json(src, out, capsys, "--serve", "--tp2", "no")  # TP 2: CI's runtime stage serves a port at TP 2
     assert code == 0 and result["status"] == "ported", result["message"]
     assert result["path"] == "retarget" and result["retarget"]["target"] == "LlamaForCausalLM"
     assert "Wqkv packed" in result["retarget"]["choices"]["q/k/v"]
