@@ -179,17 +179,3 @@ def test_explain_all_documents_every_rule(tmp_path):
         assert rule.fix.strip() and rule.why.strip() and rule.example.strip()
 
 
-def test_every_package_folder_is_declared():
-    """A user installs hfcheck from a wheel, not editable: every package folder under the
-    card's top-level folders must be in pyproject's package list. remote/checks and
-    port/dataflow were not; setuptools 84 still copies such folders as data, with a
-    deprecation warning, and a later setuptools drops them (then any scan of remote code fails
-    with ModuleNotFoundError outside a checkout)."""
-    import tomllib
-
-    root = Path(__file__).resolve().parents[1]
-    setup = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {".".join([package, *init.parent.relative_to(root / folder).parts])
-               for package, folder in setup["package-dir"].items() for init in (root / folder).rglob("__init__.py")
-               if "__pycache__" not in init.parts}
-    assert folders - set(setup["packages"]) == set()

@@ -246,9 +246,12 @@ def test_the_reference_child_reads_the_job_runners_files():
 
 
 def test_every_module_is_in_a_package_the_wheel_ships():
-    """setup.py finds the packages under each folder package-dir maps (a hand-kept list once
-    shipped two subpackages as data only): a module in a folder without ``__init__.py`` would be
-    left out of the wheel, so none may exist. The list it finds is the wheel's."""
+    """A user installs hfcheck from a wheel, not editable: every package must be in the wheel's
+    list. A hand-kept list in pyproject once left out remote/checks and port/dataflow (setuptools
+    copied them as data with a deprecation warning; a later one drops them, and every scan of
+    remote code then fails with ModuleNotFoundError outside a checkout). setup.py now finds the
+    packages under each folder package-dir maps: every module's package is in the list it finds,
+    and no module lies in a folder without ``__init__.py`` (it would be left out)."""
     import runpy
     from unittest import mock
 
