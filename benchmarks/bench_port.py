@@ -108,8 +108,8 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.environments import EnvError, EnvSpec, ensure_env
     from hfcheck.porter.reference.establish import candidate_releases, required_packages
+    from hfcheck.shared.environments import EnvError, EnvSpec, ensure_env
 
     print("reference environments (built once, then cached):")
     for name in names:

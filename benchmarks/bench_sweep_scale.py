@@ -116,7 +116,7 @@ def run_sweep(hub: Hub, work: Path, extra: list[str]) -> dict:
     env["HFCHECK_CACHE_DIR"] = str(work / "cache")
     before = dict(hub.requests)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "hfcheck.analyzer.sweep", "--author", "bench", "--limit", "all", "--format", "json", *extra],
+    proc = subprocess.run([sys.executable, "-m", "hfcheck.sweep", "--author", "bench", "--limit", "all", "--format", "json", *extra],
                           capture_output=True, text=True, env=env, cwd=work, timeout=3600)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:

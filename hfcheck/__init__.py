@@ -2,7 +2,7 @@
 
 import sys
 
-__version__ = "0.1.0"
+from hfcheck.shared.version import __version__ as __version__
 
 ABSENT_FROM_VLLM = ("kernels",)
 """Packages transformers changes models with when they are installed, and that no modelled vLLM

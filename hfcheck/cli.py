@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, Parser
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("code", nargs="?", help="e.g. HFC201")
     explain.add_argument("--all", action="store_true", help="every check, in order")
     sub.add_parser("schema", help="print the JSON Schema of `scan --format json`")
-    from hfcheck.analyzer.sweep.cli import add_parser as add_sweep_parser
+    from hfcheck.sweep.cli import add_parser as add_sweep_parser
 
     add_sweep_parser(sub)
     from hfcheck.verify.cli import add_parser as add_verify_parser
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_verify(args)
         if args.command == "sweep":
-            from hfcheck.analyzer.sweep.cli import run as run_sweep
+            from hfcheck.sweep.cli import run as run_sweep
 
             return run_sweep(args)
         if args.command == "schema":
@@ -114,7 +114,7 @@ def _in_target_environment(argv: list[str]) -> int | None:
     import subprocess
 
     from hfcheck.analyzer.vllm.release import TRANSFORMERS_ENV, modelled_version
-    from hfcheck.environments import EnvError, ensure_analysis_env
+    from hfcheck.shared.environments import EnvError, ensure_analysis_env
 
     version = modelled_version()
     try:
@@ -138,7 +138,7 @@ def _fail(message: str) -> int:
 def _scan(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.facts.errors import FactsError
-    from hfcheck.analyzer.policy import DEFAULT_POLICY, PolicyError, load_policy
+    from hfcheck.analyzer.report.policy import DEFAULT_POLICY, PolicyError, load_policy
     from hfcheck.analyzer.sources import SourceError, resolve
 
     try:
@@ -161,7 +161,7 @@ def _scan(args: argparse.Namespace) -> int:
 
         report = attach_proofs(report, analysis)
     if args.cross_check:
-        from hfcheck.analyzer.vllm.crosscheck import cross_check, summary_line
+        from hfcheck.analyzer.analysis.crosscheck import cross_check, summary_line
 
         report["cross_check"] = cross_check(analysis, report)
         if not report["cross_check"]["available"]:
@@ -199,7 +199,7 @@ def _scan(args: argparse.Namespace) -> int:
 
             render_proofs(report, console)
         if report.get("cross_check", {}).get("available"):
-            from hfcheck.analyzer.vllm.crosscheck import render_cross_check_text
+            from hfcheck.analyzer.analysis.crosscheck import render_cross_check_text
 
             render_cross_check_text(report["cross_check"], console)
     return policy.exit_code(report, args.fail_under)

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, Parser
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, Parser
 
 TP2 = {"auto": None, "yes": True, "no": False}
 """--tp2 as smoke_serve takes it (None: when hfcheck predicts TP 2 loads and there are 2 cores)."""
@@ -92,8 +92,8 @@ def _porter_defect(exc: BaseException, created: Path | None) -> str:
 
 
 def _port(args) -> int:
-    from hfcheck.porter.port.orchestrate import PortError, port
-    from hfcheck.porter.port.render import render_text
+    from hfcheck.porter.orchestrate import PortError, port
+    from hfcheck.porter.output.render import render_text
 
     out_existed = args.out is not None and Path(args.out).expanduser().exists()
     try:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.analyzer.facts import collect_facts
-from hfcheck.analyzer.shrink import shrunk_config
+from hfcheck.analyzer.instance.shrink import shrunk_config
 from hfcheck.analyzer.vllm.release import installed_is_cpu_build
 from hfcheck.isolation.jobs import read_job
 from hfcheck.runtime.decisions import differences, load_error, parse, predicted

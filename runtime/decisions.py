@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.verdict import LOADS
+from hfcheck.analyzer.report.verdict import LOADS
 
 _FUSED = re.compile(r"Fused: (?P<src>.+?) \((?:(?P<attr>[\w.]+): )?(?P<cls>\w+)\) -> (?P<dst>.+)$")
 _FOUND = re.compile(r"Found: (?P<attr>[\w.]+) \((?P<cls>\w+)\) -> attention interface")

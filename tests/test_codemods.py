@@ -1,7 +1,7 @@
 """Each port codemod on its own, as LibCST's ``CodemodTest`` states a codemod: this source in,
 that source out (and, where it refuses, the warning it gives and the code left alone).
 
-The codemods (``porter/port/codemods``) run one after another on a whole port (the modeling file,
+The codemods (``porter/rewrite/codemods``) run one after another on a whole port (the modeling file,
 its configuration, the config.json); that multi-file port, with its weight renames and proofs, is
 covered by tests/test_port.py. Here every codemod in ``CODEMODS`` is named by at least one test
 that shows the one construct it rewrites, on a small model that is otherwise already compliant:
@@ -20,7 +20,7 @@ import pytest
 from libcst.codemod import CodemodContext, CodemodTest
 
 from hfcheck.analyzer.remote.checks.imports import installed
-from hfcheck.porter.port.codemods import (
+from hfcheck.porter.rewrite.codemods import (
     CODEMODS,
     ActivationModule,
     AttentionInterface,
@@ -42,8 +42,8 @@ from hfcheck.porter.port.codemods import (
     TiedWeights,
     TupleCache,
 )
-from hfcheck.porter.port.codemods.attention import EAGER as PORT_EAGER
-from hfcheck.porter.port.codemods.experts import EXPERTS as PORT_EXPERTS
+from hfcheck.porter.rewrite.codemods.attention import EAGER as PORT_EAGER
+from hfcheck.porter.rewrite.codemods.experts import EXPERTS as PORT_EXPERTS
 
 MODELING_FILE = "modeling_x.py"
 CONFIGURATION_FILE = "configuration_x.py"

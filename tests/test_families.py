@@ -337,7 +337,7 @@ def test_linear_forward_lost_runs_the_subclass_forward():
     from transformers.models.falcon.modeling_falcon import FalconLinear
     from transformers.models.phimoe.modeling_phimoe import PhimoeConfig, PhimoeTopKRouter
 
-    from hfcheck.analyzer.graph.observe import linear_forward_lost
+    from hfcheck.analyzer.analysis.observe import linear_forward_lost
 
     class ScaledHead(nn.Linear):  # dory's lm_head shape: a per-output scale after the product
         def __init__(self):

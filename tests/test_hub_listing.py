@@ -18,7 +18,7 @@ from hub_endpoint import Hub, hub_env
 from leftovers import no_leftover_processes  # noqa: F401 - autouse: a leaked process fails its own test only
 
 from hfcheck.analyzer.sources.model_types import TargetError
-from hfcheck.analyzer.sweep.hub import HubQuery, parse_query
+from hfcheck.sweep.hub import HubQuery, parse_query
 
 BUNDLED = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled"
 SMALL = json.loads((BUNDLED / "Qwen__Qwen3-0.6B" / "config.json").read_text())
@@ -50,7 +50,7 @@ def hub():
 def sweep(tmp_path: Path, hub: Hub, *args: str, cache: str = "cache") -> subprocess.CompletedProcess:
     env = hub_env(os.environ, hub.url, tmp_path)
     env["HFCHECK_CACHE_DIR"] = str(tmp_path / cache)
-    return subprocess.run([sys.executable, "-m", "hfcheck.analyzer.sweep", *args, "--format", "json", "--jobs", "1"],
+    return subprocess.run([sys.executable, "-m", "hfcheck.sweep", *args, "--format", "json", "--jobs", "1"],
                           capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
 
 
@@ -69,11 +69,11 @@ def test_query_syntax():
 
 
 def test_author_search_and_from_go_through_the_listing_api_with_filters(tmp_path, hub):
-    from hfcheck.analyzer.sweep.hub import (
+    from hfcheck.sweep.hub import (
         list_refs,  # in a child: huggingface_hub reads HF_ENDPOINT at import
     )
 
-    code = ("import json, sys; from hfcheck.analyzer.sweep.hub import HubQuery, list_refs, parse_query\n"
+    code = ("import json, sys; from hfcheck.sweep.hub import HubQuery, list_refs, parse_query\n"
             "print(json.dumps([list_refs(parse_query(q, HubQuery()), label=q) for q in sys.argv[1:]]))")
     queries = ["author=acme", "small library=transformers limit=3", "small pipeline_tag=any sort=downloads limit=2", "ft author=other"]
     run = subprocess.run([sys.executable, "-c", code, *queries], capture_output=True, text=True, env=hub_env(os.environ, hub.url, tmp_path), timeout=120)
@@ -121,9 +121,9 @@ def test_identical_configs_are_analysed_once_and_named_as_themselves(tmp_path, h
 def test_hub_queries_offline_are_one_clear_error(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HFCHECK_CACHE_DIR": str(tmp_path / "cache")}
     for args in (["--hub-search", "qwen3 limit=5"], ["--author", "Qwen"], ["--from", "hub:author=Qwen"]):
-        run = subprocess.run([sys.executable, "-m", "hfcheck.analyzer.sweep", *args], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+        run = subprocess.run([sys.executable, "-m", "hfcheck.sweep", *args], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
         assert run.returncode == 2, run.stderr
         line, = run.stderr.strip().splitlines()
         assert line.startswith("hfcheck: error: hub:") and "the Hub cannot be reached (HF_HUB_OFFLINE=1)" in line, line
-    run = subprocess.run([sys.executable, "-m", "hfcheck.analyzer.sweep", "--hub-search", "x colour=red"], capture_output=True, text=True, env=env, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "hfcheck.sweep", "--hub-search", "x colour=red"], capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 2 and "unknown key 'colour'" in run.stderr

@@ -9,7 +9,7 @@ from transformers import AutoConfig
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.instance import build_structural, build_tiny
-from hfcheck.analyzer.shrink import (
+from hfcheck.analyzer.instance.shrink import (
     CROSS_CHECK_LAYERS,
     cut_every_layer_list,
     cut_layers,
@@ -100,7 +100,7 @@ def test_tiny_keeps_per_layer_overrides_in_proportion():
 def test_tiny_leaves_read_only_config_properties():
     from transformers import AutoModelForCausalLM
 
-    from hfcheck.analyzer.shrink import shrunk_config
+    from hfcheck.analyzer.instance.shrink import shrunk_config
 
     facts, cfg = facts_for("falcon")  # FalconConfig.head_dim is hidden_size // num_attention_heads
     small, _ = shrunk_config(facts, cfg, "tiny", head_dim=32)
@@ -110,7 +110,7 @@ def test_tiny_leaves_read_only_config_properties():
 
 
 def test_the_cross_check_cut_shortens_every_per_layer_list():
-    """The cross-check harness builds vLLM's and hfcheck's model from one cut (analyzer/shrink.py,
+    """The cross-check harness builds vLLM's and hfcheck's model from one cut (analyzer/instance/shrink.py,
     beside the scan's): every list as long as the layer count is cut with it, where the scan's
     ``cut_layers`` keeps the lists it does not name (llama4_text's ``no_rope_layers``)."""
     config = AutoConfig.for_model("llama4_text")

@@ -108,45 +108,101 @@ def test_no_private_name_imported_from_another_package():
     assert crossings == []
 
 
-# The rooms, lowest first. A room imports only rooms below it; rooms on one level do not import
-# each other. The story this tells: shared machinery (child processes and jobs, reference
-# environments, the command conventions) under the analyzer core; real vLLM above the core (it
-# asks the scan for predictions); the porter, the proofs and the sweep/atlas above both; the
-# dashboard and the entry point on top.
-ROOMS = (
-    ("shared", 0, ("hfcheck", "hfcheck.command", "hfcheck.environments", "hfcheck.isolation", "hfcheck.packages")),
-    ("analyzer core", 1, ("hfcheck.analyzer",)),
-    ("real vLLM", 2, ("hfcheck.runtime",)),
-    ("porter", 3, ("hfcheck.porter",)),
-    ("proofs", 3, ("hfcheck.verify",)),
-    ("sweep and atlas", 3, ("hfcheck.analyzer.sweep",)),
-    ("dashboard", 4, ("hfcheck.tui",)),
-    ("entry point", 5, ("hfcheck.cli", "hfcheck.__main__")),
+# The rooms are the folders: every folder holding modules is one room, named by its path, and
+# the folders import one another one way only (no two folders in a knot), so each folder is one
+# floor of the house. Above that, the six top-level parts stand in this order; a folder's part is
+# the first of these path prefixes it lies under. The story this tells: shared machinery (child
+# processes and jobs, cached environments, the command conventions) under the analyzer core; real
+# vLLM above the core (it asks the scan for predictions); the porter, the proofs and the
+# sweep/atlas above both; the dashboard and the entry point on top.
+PARTS = (
+    ("shared", 0, ("hfcheck/shared", "hfcheck/isolation")),
+    ("analyzer core", 1, ("analyzer",)),
+    ("real vLLM", 2, ("runtime",)),
+    ("porter", 3, ("porter",)),
+    ("proofs", 3, ("verify",)),
+    ("sweep and atlas", 3, ("sweep",)),
+    ("dashboard", 4, ("tui",)),
+    ("entry point", 5, ("hfcheck",)),
 )
 
 
-def room_of(module: str) -> tuple[str, int]:
-    """The room whose longest prefix names the module (``hfcheck`` alone is the namespace root)."""
-    best = None
-    for name, level, prefixes in ROOMS:
-        for prefix in prefixes:
-            matches = module == prefix or (prefix != "hfcheck" and module.startswith(prefix + "."))
-            if matches and (best is None or len(prefix) > best[0]):
-                best = (len(prefix), name, level)
-    assert best is not None, f"{module} is in no room: add it to ROOMS"
-    return best[1], best[2]
+def folder_of(module: str) -> str:
+    """The room a module lives in: its folder, as a path from the checkout's root."""
+    return MODULES[module].parent.relative_to(ROOT).as_posix()
 
 
-def test_every_module_is_in_a_room_and_arrows_run_down():
+def part_of(folder: str) -> tuple[str, int]:
+    for name, level, prefixes in PARTS:
+        if any(folder == p or folder.startswith(p + "/") for p in prefixes):
+            return name, level
+    raise AssertionError(f"{folder} is under no part: add it to PARTS")
+
+
+def folder_graph() -> nx.DiGraph:
+    """Folder -> the folders its modules import (an edge keeps the import lines that make it)."""
     graph = import_graph()
-    upward = []
+    folders = nx.DiGraph()
+    folders.add_nodes_from({folder_of(m) for m in MODULES})
     for a, b, data in graph.edges(data=True):
-        (room_a, level_a), (room_b, level_b) = room_of(a), room_of(b)
-        if room_a != room_b and level_b >= level_a:
-            upward.append(f"{data['line']}: {room_a} imports {room_b} ({b})")
+        fa, fb = folder_of(a), folder_of(b)
+        if fa != fb:
+            folders.add_edge(fa, fb)
+            folders.edges[fa, fb].setdefault("lines", []).append(f"{data['line']} ({b})")
+    return folders
+
+
+def floors() -> dict[str, int]:
+    """Each folder's floor: one above the highest folder it imports (the lowest stand at 0)."""
+    folders = folder_graph()
+    floor: dict[str, int] = {}
+    for folder in reversed(list(nx.topological_sort(folders))):
+        floor[folder] = 1 + max((floor[b] for b in folders.successors(folder)), default=-1)
+    return floor
+
+
+def test_no_two_folders_import_each_other():
+    """A module placed in the wrong folder shows here: its imports tie two rooms into a knot."""
+    folders = folder_graph()
+    knots = []
+    for component in nx.strongly_connected_components(folders):
+        if len(component) > 1:
+            cycle = nx.find_cycle(folders.subgraph(component))
+            knots.append(" -> ".join(f"{a} [{folders.edges[a, b]['lines'][0]}]" for a, b in cycle))
+    assert knots == []
+
+
+def test_every_folder_is_under_a_part_and_arrows_run_down():
+    upward = []
+    for a, b, data in folder_graph().edges(data=True):
+        (part_a, level_a), (part_b, level_b) = part_of(a), part_of(b)
+        if part_a != part_b and level_b >= level_a:
+            upward.append(f"{data['lines'][0]}: {part_a} imports {part_b}")
     assert upward == []
-    assert room_of("hfcheck.analyzer.sweep.atlas")[0] == "sweep and atlas"
-    assert room_of("hfcheck.isolation.jobs")[0] == "shared"
+    assert part_of("sweep") == ("sweep and atlas", 3) and part_of("hfcheck/isolation")[0] == "shared"
+
+
+def test_the_house_has_a_floor_per_folder_in_the_order_the_data_flows():
+    """The analyzer's data flows source -> facts -> instance -> graph -> fusions -> rules ->
+    report: each stands on a lower floor than the next. The graph walk stands above the patterns
+    it applies; the static remote-code checks above the rule base and below the rules."""
+    floor = floors()
+    flow = ["analyzer/sources", "analyzer/facts", "analyzer/instance", "analyzer/analysis", "analyzer/report", "analyzer"]
+    assert [floor[f] for f in flow] == sorted(floor[f] for f in flow) and len({floor[f] for f in flow}) == len(flow)
+    assert floor["analyzer/graph"] < floor["analyzer/fusions"] < floor["analyzer/analysis"]
+    assert floor["analyzer/findings"] < floor["analyzer/remote/checks"] < floor["analyzer/rules"]
+    assert floor["porter/reference"] < floor["porter/retarget"] < floor["porter"]
+    assert floor["porter/output"] < floor["porter/rewrite"] < floor["porter/rewrite/codemods"] < floor["porter"]
+    assert floor["hfcheck"] == max(floor.values())
+
+
+def draw_house() -> str:
+    """The house as the code draws it, highest floor first (``python tests/test_layout.py``)."""
+    floor = floors()
+    lines = []
+    for level in sorted(set(floor.values()), reverse=True):
+        lines.append(f"{level:2}  " + "  ".join(sorted(f for f, lv in floor.items() if lv == level)))
+    return "\n".join(lines)
 
 
 # Third-party packages that cost start-up time (or are optional): a function imports them
@@ -156,7 +212,7 @@ LAZY_PACKAGES = frozenset({
     "ray", "accelerate", "tokenizers", "PIL", "jinja2", "yaml", "mlinter", "platformdirs", "torchvision", "sentencepiece",
     "einops", "scipy", "filelock", "tqdm", "packaging", "requests", "openai", "fastapi", "uvicorn", "multiprocessing",
 })
-COMMAND_MODULES = ("hfcheck.cli", "hfcheck.porter.cli", "hfcheck.verify.cli", "hfcheck.tui.cli", "hfcheck.analyzer.sweep.cli")
+COMMAND_MODULES = ("hfcheck.cli", "hfcheck.porter.cli", "hfcheck.verify.cli", "hfcheck.tui.cli", "hfcheck.sweep.cli")
 """Each subcommand's code is imported when it runs: ``--help`` and every command start without the others'."""
 RUNS_WITHOUT_HFCHECK = ("hfcheck.porter.reference.child", "hfcheck.porter.reference.record", "hfcheck.porter.reference.gpu_shims",
                         "hfcheck.isolation.fence", "hfcheck.runtime.torchvision_ops_shim")
@@ -203,12 +259,30 @@ def _lazy_closure() -> dict[str, frozenset[str]]:
     return closure
 
 
-def test_function_level_imports_buy_start_up_time():
-    """A function-level import is there for start-up time, never to hide an arrow: it imports a
-    lazy package, or an hfcheck module whose own imports load one, or it is a command module's
-    subcommand, or it is guarded (try: an optional package). Anything else belongs at the top."""
+HEAVY = frozenset({
+    "torch", "transformers", "vllm", "textual", "ray", "accelerate", "torchvision", "safetensors", "libcst", "tokenizers",
+    "numpy", "PIL", "mlinter", "huggingface_hub", "networkx", "jinja2", "yaml", "sentencepiece", "einops", "scipy",
+    "openai", "fastapi", "uvicorn", "requests",
+})
+"""The lazy packages whose import costs a command real time (a second or more, or a server stack)."""
+IMPORTS_WHERE_THEY_RUN = {
+    "hfcheck.analyzer.analysis.sandbox": "the fenced child imports the analysis after its fence is up",
+    "hfcheck.sweep.worker": "a worker process imports the scan after its limits and environment are set",
+    "hfcheck.sweep.ray_pool": "a Ray task imports the worker on the Ray node that runs it",
+    "hfcheck.tui.scanner": "the dashboard's scanning thread imports the sweep's pools when a scan starts",
+    "hfcheck.runtime.batch": "runtime scripts run in vLLM's environment, where the analyzer is asked only in the parent",
+    "hfcheck.runtime.pooling": "as runtime.batch",
+    "hfcheck.runtime.vlm": "as runtime.batch",
+    "hfcheck.runtime.serve": "as runtime.batch",
+}
+"""The few named places whose function-level imports of hfcheck are about where the code runs."""
+
+
+def function_level_imports() -> list[tuple[str, str, bool]]:
+    """(module, "file:line: target", spares a heavy import) for each function-level import of an
+    hfcheck module or a lazy package, outside the command modules and what runs without hfcheck."""
     closure = _lazy_closure()
-    needless = []
+    found = []
     for module, path in MODULES.items():
         if module in RUNS_WITHOUT_HFCHECK or module in COMMAND_MODULES:
             continue
@@ -222,10 +296,23 @@ def test_function_level_imports_buy_start_up_time():
                 continue
             for target in _targets(node, module):
                 known = _known(target)
-                if (known and closure[known]) or (not known and target.split(".")[0] in LAZY_PACKAGES):
-                    continue
-                needless.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
+                loads = closure[known] if known else frozenset({target.split(".")[0]}) & LAZY_PACKAGES
+                spares = bool((loads & HEAVY) - closure[module]) or (not known and bool(loads))
+                found.append((module, f"{path.relative_to(ROOT)}:{node.lineno}: {target}", spares))
+    return found
+
+
+def test_function_level_imports_buy_start_up_time():
+    """A function-level import is there for start-up time, never to hide an arrow: it loads a
+    heavy package (torch, transformers, vLLM...) its module does not already load at import, or
+    it is in one of the few named places whose imports are about where the code runs. Anything
+    else belongs at the top of the module."""
+    found = function_level_imports()
+    needless = [where for module, where, spares in found if not spares and module not in IMPORTS_WHERE_THEY_RUN]
     assert needless == []
+    own = {where.split(": ")[0] for module, where, _ in found if ": hfcheck." in where}
+    assert len(own) <= 45, f"{len(own)} function-level imports of hfcheck's own modules (a few dozen at most)"
+    assert set(IMPORTS_WHERE_THEY_RUN) <= set(MODULES)
 
 
 def test_what_runs_without_hfcheck_imports_none_of_it():
@@ -259,7 +346,11 @@ def test_every_module_is_in_a_package_the_wheel_ships():
         runpy.run_path(str(ROOT / "setup.py"))
     shipped = set(setup.call_args.kwargs["packages"])
     assert {module.rsplit(".", 1)[0] if path.name != "__init__.py" else module for module, path in MODULES.items()} <= shipped
-    assert {"hfcheck.analyzer.vllm", "hfcheck.porter.port.codemods", "hfcheck.isolation"} <= shipped
+    assert {"hfcheck.analyzer.vllm", "hfcheck.porter.rewrite.codemods", "hfcheck.isolation"} <= shipped
     orphans = [str(path.relative_to(ROOT)) for path in MODULES.values()
                if path.name != "__init__.py" and not (path.parent / "__init__.py").is_file()]
     assert orphans == []
+
+
+if __name__ == "__main__":
+    print(draw_house())

@@ -2,7 +2,7 @@
 
 Each test here failed while the behaviour was written twice (issue 14, "One home for vLLM's
 semantics"): the forward rewrite (``analyzer/graph/forward_source.py`` and a copy in verify),
-the ``recursive_replace`` walk (``analyzer/graph/observe.py`` and a copy in verify), and the
+the ``recursive_replace`` walk (``analyzer/analysis/observe.py`` and a copy in verify), and the
 verdict arithmetic (``analyzer/report/verdict.py``, verify's own penalties, the policy score).
 """
 
@@ -250,7 +250,7 @@ def llama_report(tmp_path_factory):
 
 
 def test_a_failed_proof_costs_what_the_failing_check_of_its_impact_costs(llama_report):
-    from hfcheck.analyzer.verdict import PENALTY, judge
+    from hfcheck.analyzer.report.verdict import PENALTY, judge
     from hfcheck.verify.cli import attach_proofs
     from hfcheck.verify.common import Proof
 
@@ -268,7 +268,7 @@ def test_a_failed_proof_costs_what_the_failing_check_of_its_impact_costs(llama_r
 
 
 def test_policy_score_counts_the_failed_proofs_the_report_counts(llama_report):
-    from hfcheck.analyzer.policy import parse_policy
+    from hfcheck.analyzer.report.policy import parse_policy
     from hfcheck.verify.cli import attach_proofs
     from hfcheck.verify.common import Proof
 
@@ -283,7 +283,7 @@ def test_every_verdict_is_named_once():
     import json
     from importlib import resources
 
-    from hfcheck.analyzer.verdict import LOADS, VERDICTS
+    from hfcheck.analyzer.report.verdict import LOADS, VERDICTS
     from hfcheck.tui import rows
 
     schema = json.loads(resources.files("hfcheck.analyzer.report").joinpath("scan.schema.json").read_text())

@@ -122,8 +122,8 @@ def gone(pid: int) -> bool:
 def test_legacy_codemods_rewrite_attention_apis_and_kwargs():
     """The codemods on the legacy fixture (text level; the port itself refuses it: see below)."""
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.port.codemods import CODEMODS
-    from hfcheck.porter.port.state import PortState
+    from hfcheck.porter.rewrite.codemods import CODEMODS
+    from hfcheck.porter.rewrite.state import PortState
 
     source = resolve(str(FIXTURES / "legacy"))
     state = PortState(dict(source.code_files), dict(source.config))
@@ -466,10 +466,10 @@ def test_non_empty_output_folder_is_an_error(tmp_path, capsys):
 def test_the_proof_catches_a_wrong_weight_conversion():
     """Swap two stacked experts' blocks in the rewrite's weight rules: the proof must fail."""
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.port.codemods import CODEMODS
-    from hfcheck.porter.port.equivalence import prove_rewrite
-    from hfcheck.porter.port.state import PortState
     from hfcheck.porter.reference.establish import establish
+    from hfcheck.porter.rewrite.codemods import CODEMODS
+    from hfcheck.porter.rewrite.equivalence import prove_rewrite
+    from hfcheck.porter.rewrite.state import PortState
 
     source = resolve(str(FIXTURES / "experts"))
     reference = establish(source)
@@ -487,8 +487,8 @@ def test_the_proof_catches_a_wrong_weight_conversion():
 
 def test_unrecognised_attention_is_refused_not_guessed():
     """A softcap (tanh) between QK^T and softmax cannot go through the interface: refused, code unchanged."""
-    from hfcheck.porter.port.codemods.attention import AttentionInterface
-    from hfcheck.porter.port.state import PortState
+    from hfcheck.porter.rewrite.codemods.attention import AttentionInterface
+    from hfcheck.porter.rewrite.state import PortState
 
     text = (FIXTURES / "legacy" / "modeling_legacy.py").read_text().replace(
         "        if attention_mask is not None:\n            attn_weights = attn_weights + attention_mask\n        attn_weights = F.softmax",
@@ -630,8 +630,8 @@ def test_port_tables_wrap_and_never_cut_a_name(width):
 
     from rich.console import Console
 
-    from hfcheck.porter.port.orchestrate import PortResult
-    from hfcheck.porter.port.render import render_text
+    from hfcheck.porter.orchestrate import PortResult
+    from hfcheck.porter.output.render import render_text
 
     result = PortResult("ported", "proven", "./model", "./ported", path="rewrite")
     names = ["random weights, 2 layers, prefill logits against the original in transformers 4.44.2",
@@ -655,7 +655,7 @@ def test_port_tables_wrap_and_never_cut_a_name(width):
 def test_an_original_that_stops_at_its_eos_is_not_called_broken():
     """ChatGLM3's generate stopped at eos_token_id 2 after [63, 121, 2] while its full forward
     pass, token by token, goes on: a stop, not a cache defect; the port is held to the full decode."""
-    from hfcheck.porter.port.equivalence import _generate_checks
+    from hfcheck.porter.rewrite.equivalence import _generate_checks
 
     original = {"generated": [63, 121, 2], "greedy_no_cache": [63, 121, 2, 40]}
     (check,) = _generate_checks(original, {"generated": [63, 121, 2, 40]})
@@ -703,8 +703,8 @@ def test_a_defect_in_the_porter_is_one_line_naming_the_step(tmp_path, capsys, mo
     """A KeyError inside hfcheck's own port code (as a codemod once assumed config['type']): exit
     2, one line naming the exception and the porter function it came from, no traceback, and no
     --out folder left behind."""
+    from hfcheck.porter import orchestrate
     from hfcheck.porter.cli import main
-    from hfcheck.porter.port import orchestrate
 
     def broken(facts, source, findings):
         out.mkdir()  # as if a step had started writing
@@ -755,7 +755,7 @@ def test_a_remote_config_transformers_would_reject_is_read_by_its_own_keys(tmp_p
     """Replit Code v1.5 (real code): model_type ``mpt`` with grouped-query attention, which
     transformers' own MptConfig rejects; the repo's config class is what loads it, so scan reads
     its keys (no error) and the shrunk copy keeps its head grouping (``attn_config.kv_n_heads``)."""
-    from hfcheck.analyzer.shrink import head_counts, shrink_config
+    from hfcheck.analyzer.instance.shrink import head_counts, shrink_config
 
     src = PUBLISHED / "replit-code-v1_5-3b"
     scan = subprocess.run([sys.executable, "-m", "hfcheck", "scan", str(src), "--format", "json"], capture_output=True, text=True, check=False)

@@ -141,10 +141,11 @@ def test_checkpoint_is_converted_and_proven_on_real_weights(internlm_sample, tmp
 def test_a_wrong_reading_is_caught_by_the_proof(internlm_sample):
     """Swap gate and up in the proven plan: the logits no longer match."""
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.port.retarget_path import find_retarget
+    from hfcheck.porter.reference.compare import compare
     from hfcheck.porter.reference.establish import establish
     from hfcheck.porter.retarget.plan import convert_state
-    from hfcheck.porter.retarget.search import build_native, compare
+    from hfcheck.porter.retarget.search import build_native
+    from hfcheck.porter.retarget.stage import find_retarget
 
     reference = establish(resolve(str(internlm_sample)))
     outcome = find_retarget(reference)
@@ -165,7 +166,7 @@ def test_a_wrong_reading_is_caught_by_the_proof(internlm_sample):
 
 
 def test_truncation_keeps_the_proof_under_budget():
-    from hfcheck.porter.port.realweights import TENSOR_BUDGET_BYTES, truncation
+    from hfcheck.porter.reference.realweights import TENSOR_BUDGET_BYTES, truncation
 
     hidden, inter = 5120, 13824
     meta = {f"model.layers.0.{n}": s for n, s in {"q.weight": [hidden, hidden], "k.weight": [hidden, hidden], "v.weight": [hidden, hidden],
@@ -214,8 +215,8 @@ def test_missing_auto_map_file_is_one_line_exit_2(tmp_path, capsys):
 def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monkeypatch):
     """A declared transformers release that does not exist, or an import no registry has: pip
     is asked (offline here: no index), fails, and the port says so in one line."""
-    from hfcheck.environments import env_root
     from hfcheck.porter.cli import main
+    from hfcheck.shared.environments import env_root
 
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: only wheels already on this machine
     src = _copy(REAL / "internlm-20b", tmp_path / "model")
@@ -309,7 +310,7 @@ def recorded():
 
 
 def _plans(source, reference):
-    from hfcheck.porter.port.dataflow import plans
+    from hfcheck.porter.rewrite.dataflow import plans
 
     run = reference.run
     return plans(run.result, run.tensors, source.code_files, reference.input_ids, reference.tiny_config)
@@ -320,7 +321,7 @@ def test_qwen_region_spans_the_flash_branch_and_keeps_the_weights_name(recorded)
     that whole `if` plus the head merge, q/k/v are read as they were before it (post-RoPE,
     [batch, seq, heads, dim]) and `attn_weight`, read later for output_attentions, is bound to
     the interface's weights."""
-    from hfcheck.porter.port.dataflow import CorePlan
+    from hfcheck.porter.rewrite.dataflow import CorePlan
 
     source, reference = recorded("qwen-7b")
     [plan] = _plans(source, reference)
@@ -340,7 +341,7 @@ def test_qwen_region_spans_the_flash_branch_and_keeps_the_weights_name(recorded)
     ],
 )
 def test_dataflow_names_the_position_bias_where_it_is_added(name, file, line, code, recorded):
-    from hfcheck.porter.port.dataflow import CoreRefusal
+    from hfcheck.porter.rewrite.dataflow import CoreRefusal
 
     source, reference = recorded(name)
     [refusal] = _plans(source, reference)
@@ -354,7 +355,7 @@ INTERNLM_QK = "        attn_weights = torch.matmul(query_states, key_states.tran
 def test_dataflow_refuses_a_tanh_that_is_not_a_softcap_naming_its_line(recorded):
     """The same real code with a tanh added to the scores (not c * tanh(x / c)): the recorded
     values match no attention vLLM computes, and the refusal names the tanh's line, not a guess."""
-    from hfcheck.porter.port.dataflow import CoreRefusal
+    from hfcheck.porter.rewrite.dataflow import CoreRefusal
 
     text = (REAL / "internlm-20b" / "modeling_internlm.py").read_text()
     assert INTERNLM_QK in text
@@ -395,8 +396,8 @@ def test_config_alias_for_the_layer_count_v5_reads(tmp_path):
     import sys
 
     from hfcheck.analyzer.sources import resolve
-    from hfcheck.porter.port.codemods.config_aliases import ConfigAliases
-    from hfcheck.porter.port.state import PortState
+    from hfcheck.porter.rewrite.codemods.config_aliases import ConfigAliases
+    from hfcheck.porter.rewrite.state import PortState
 
     source = resolve(str(REAL / "mpt-7b"))
     state = PortState(dict(source.code_files), dict(source.config))

@@ -128,7 +128,7 @@ def sweep(tmp_path: Path, *args: str, cache: str, **env: str) -> subprocess.Comp
     (tmp_path / "home").mkdir(exist_ok=True)
     full = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HFCHECK_CACHE_DIR": str(tmp_path / cache),
             "HOME": str(tmp_path / "home"), "RAY_USAGE_STATS_ENABLED": "0", **env}
-    return subprocess.run([sys.executable, "-m", "hfcheck.analyzer.sweep", *args, "--format", "json"],
+    return subprocess.run([sys.executable, "-m", "hfcheck.sweep", *args, "--format", "json"],
                           capture_output=True, text=True, env=full, timeout=400, cwd=tmp_path)
 
 

@@ -142,7 +142,7 @@ def test_reading_transformers_source_agrees_with_inspecting_the_class():
 
 
 def test_shrink_scales_mrope_sections():
-    from hfcheck.analyzer.shrink import scaled_sections
+    from hfcheck.analyzer.instance.shrink import scaled_sections
 
     assert scaled_sections([16, 24, 24], 8) == [2, 3, 3]
     assert scaled_sections([16, 24, 24], 64) == [16, 24, 24]
@@ -161,7 +161,7 @@ def test_tiny_instance_with_mrope_runs(source):
 
     from hfcheck.analyzer.facts import collect_facts
     from hfcheck.analyzer.facts.config_fields import text_config_of
-    from hfcheck.analyzer.shrink import rotary_half, shrunk_config
+    from hfcheck.analyzer.instance.shrink import rotary_half, shrunk_config
 
     raw = _config(VLM_FIXTURES / source) if "." in source else AutoConfig.for_model(source).to_dict()
     facts, cfg_obj = collect_facts(raw)
@@ -187,7 +187,7 @@ def test_runtime_small_vlm_uses_the_shrinks_sections(model_type):
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from hfcheck.analyzer.shrink import rotary_half
+    from hfcheck.analyzer.instance.shrink import rotary_half
     from hfcheck.analyzer.sources.model_types import VLM, default_config
     from hfcheck.runtime.tiny_vlm import word_tokenizer
     from hfcheck.runtime.vlm_folders import _small_config
@@ -214,7 +214,7 @@ def test_verify_runs_the_tiny_qwen25_vl():
 
 def test_the_port_shrink_cuts_the_decoder_where_the_facts_found_it():
     # the port's shrink of a remote config dict shrinks the same sub-config the facts read
-    from hfcheck.analyzer.shrink import shrink_config
+    from hfcheck.analyzer.instance.shrink import shrink_config
 
     small = shrink_config(_config(INFIMM))
     language = small["language"]

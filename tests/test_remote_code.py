@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import write_model
 
-from hfcheck.analyzer.remote import CodeIndex, code_findings, static_findings
+from hfcheck.analyzer.remote import CodeIndex
+from hfcheck.analyzer.remote.checks import code_findings, static_findings
 from hfcheck.analyzer.remote.checks.imports import unguarded_imports
 from hfcheck.analyzer.remote.removed_apis import REMOVED, still_installed
 from hfcheck.analyzer.sources import ModelSource, resolve
@@ -257,7 +258,7 @@ def _fusions(modules) -> dict[str, list[str]]:
 
 def test_sandbox_builds_compliant_like_native_llama(tmp_path):
     from hfcheck.analyzer.analysis import analyse
-    from hfcheck.analyzer.remote.sandbox import run_sandboxed
+    from hfcheck.analyzer.analysis.sandbox import run_sandboxed
 
     result = run_sandboxed(resolve(str(FIXTURES / "compliant")), timeout=300)
     assert result.ok, (result.error, result.stderr_tail)
@@ -279,7 +280,7 @@ def test_sandbox_builds_compliant_like_native_llama(tmp_path):
 
 
 def test_sandbox_confirms_the_unreadable_wqkv_split():
-    from hfcheck.analyzer.remote.sandbox import run_sandboxed
+    from hfcheck.analyzer.analysis.sandbox import run_sandboxed
 
     result = run_sandboxed(resolve(str(FIXTURES / "fused_wqkv")), timeout=300)
     assert result.ok, (result.error, result.stderr_tail)
@@ -289,7 +290,7 @@ def test_sandbox_confirms_the_unreadable_wqkv_split():
 
 
 def test_sandbox_blocks_network_processes_and_writes(tmp_path):
-    from hfcheck.analyzer.remote.sandbox import run_sandboxed
+    from hfcheck.analyzer.analysis.sandbox import run_sandboxed
 
     server = _listener()
     try:
@@ -308,7 +309,7 @@ def test_sandbox_blocks_network_processes_and_writes(tmp_path):
 
 
 def test_sandbox_kills_a_hanging_child(tmp_path):
-    from hfcheck.analyzer.remote.sandbox import run_sandboxed
+    from hfcheck.analyzer.analysis.sandbox import run_sandboxed
 
     folder, _ = _hostile_copy(tmp_path, 9, hang=True)
     start = time.monotonic()
@@ -326,7 +327,7 @@ class _Payload:
 
 
 def test_result_unpickler_refuses_code(tmp_path):
-    from hfcheck.analyzer.remote.sandbox import _read_result
+    from hfcheck.analyzer.analysis.sandbox import _read_result
 
     marker = tmp_path / "pwned"
     path = tmp_path / "result.pkl"
@@ -348,7 +349,7 @@ def test_static_failures_become_notes_when_the_built_model_decides():
 
 
 def test_skeleton_rebuild_refuses_malformed_data():
-    from hfcheck.analyzer.remote.sandbox import rebuild
+    from hfcheck.analyzer.analysis.sandbox import rebuild
 
     model = rebuild([("", "Tiny", "module", {}), ("proj", "Linear", "linear", {"in": 4, "out": 8, "bias": False, "dtype": "torch.bfloat16"}),
                      ("w", "Parameter", "param", {"shape": (2, 3, 4), "dtype": "torch.float32"})])

@@ -12,8 +12,8 @@ import transformers
 
 from hfcheck.analyzer.remote import removed_apis
 from hfcheck.analyzer.remote.index import CodeIndex
-from hfcheck.porter.port.codemods.removed_apis import RemovedApis
-from hfcheck.porter.port.state import PortState
+from hfcheck.porter.rewrite.codemods.removed_apis import RemovedApis
+from hfcheck.porter.rewrite.state import PortState
 
 TABLE = removed_apis.generated_table()
 INSTALLED = transformers.__version__

@@ -31,9 +31,9 @@ from hfcheck.analyzer.sources.model_types import (
     parse_refs,
     read_ref_file,
 )
-from hfcheck.analyzer.sweep.atlas import render_atlas
-from hfcheck.analyzer.sweep.cache import ResultCache
-from hfcheck.analyzer.sweep.run import SweepResult, instance_ok, sweep
+from hfcheck.sweep.atlas import render_atlas
+from hfcheck.sweep.cache import ResultCache
+from hfcheck.sweep.run import SweepResult, instance_ok, sweep
 
 BUNDLED_QWEN = Path(__file__).resolve().parents[1] / "analyzer" / "data" / "bundled" / "Qwen__Qwen3-0.6B"
 
@@ -74,7 +74,7 @@ which of torch and transformers it imported."""
 
 
 def sweep_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hfcheck.analyzer.sweep", *args]
+    return [sys.executable, "-m", "hfcheck.sweep", *args]
 
 
 def run_sweep(*args: str, tmp_path: Path, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
@@ -197,7 +197,7 @@ def test_cache_makes_a_rerun_instant_and_no_cache_bypasses_it(tmp_path):
     assert first.returncode == 0 and "3 analysed, 0 from cache" in first.stderr, first.stderr
     # the cached re-run, as the command runs it, in a fresh process: torch is not imported (the Hub
     # reference's source reader imports transformers' light dynamic_module_utils, not torch)
-    second = subprocess.run([sys.executable, "-c", IMPORTS_PROBE, "hfcheck.analyzer.sweep", *refs, "--format", "json", "--jobs", "1"],
+    second = subprocess.run([sys.executable, "-c", IMPORTS_PROBE, "hfcheck.sweep", *refs, "--format", "json", "--jobs", "1"],
                             capture_output=True, text=True, env=env_for(tmp_path), timeout=240, cwd=tmp_path)
     assert "0 analysed, 3 from cache" in second.stderr, second.stderr
     assert "heavy imports: [" in second.stderr and "'torch'" not in second.stderr, second.stderr
@@ -210,7 +210,7 @@ def test_cache_makes_a_rerun_instant_and_no_cache_bypasses_it(tmp_path):
 
 
 def test_model_types_come_from_the_type_index_without_transformers(tmp_path):
-    listing = "import sys; from pathlib import Path; from hfcheck.analyzer.sweep.cache import ResultCache; from hfcheck.analyzer.sweep.run import atlas_targets\n" \
+    listing = "import sys; from pathlib import Path; from hfcheck.sweep.cache import ResultCache; from hfcheck.sweep.run import atlas_targets\n" \
         "t = atlas_targets(ResultCache(Path(sys.argv[1])))\n" \
         "print(len(t), t[0].key, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
 
@@ -226,7 +226,7 @@ def test_model_types_come_from_the_type_index_without_transformers(tmp_path):
     # a type whose default config cannot be a target is known as such too: the re-run does not ask again
     refs = ["type:llama", "type:not_a_model_type"]
     first = run_sweep(*refs, "--format", "json", "--jobs", "1", tmp_path=tmp_path)
-    second = subprocess.run([sys.executable, "-c", IMPORTS_PROBE, "hfcheck.analyzer.sweep", *refs, "--format", "json"],
+    second = subprocess.run([sys.executable, "-c", IMPORTS_PROBE, "hfcheck.sweep", *refs, "--format", "json"],
                             capture_output=True, text=True, env=env_for(tmp_path), timeout=240, cwd=tmp_path)
     assert "heavy imports: []" in second.stderr and "0 analysed, 1 from cache, 1 failed" in second.stderr, second.stderr
     assert json.loads(second.stdout) == json.loads(first.stdout)
@@ -287,7 +287,7 @@ def test_ctrl_c_between_start_and_record_of_a_worker_loses_none(monkeypatch):
     import multiprocessing
     from multiprocessing.context import SpawnProcess
 
-    from hfcheck.analyzer.sweep.worker import WorkerPool
+    from hfcheck.sweep.worker import WorkerPool
 
     real_start = SpawnProcess.start
 
@@ -341,7 +341,7 @@ def test_hfcheck_sweep_subcommand(tmp_path):
 def test_atlas_column_of_what_vllm_ran(tmp_path, scan_type):
     """The atlas written next to a runtime cross-check's rows (the newest vLLM's) gains the
     headline agreement and a *vLLM ran* column; rows of another version are ignored."""
-    from hfcheck.analyzer.sweep.atlas import write_atlas
+    from hfcheck.sweep.atlas import write_atlas
 
     rows = [
         {"model_type": "qwen3", "status": "loaded", "verdict": "native-speed", "differences": [], "tokens_match": True},
@@ -367,7 +367,7 @@ def test_atlas_sections_for_vision_language_and_pooling_types(tmp_path, scan_typ
     """Types of the image-text-to-text and pooling sections get their own section, counts and table
     (with what vLLM ran for them, from their own runtime rows); the summary stays the causal-LM one."""
     from hfcheck.analyzer.sources.model_types import parse_refs
-    from hfcheck.analyzer.sweep.atlas import write_atlas
+    from hfcheck.sweep.atlas import write_atlas
 
     (pooling,) = parse_refs(["pooling:bert"])
     assert (pooling.key, pooling.model_type, pooling.section) == ("pooling:bert", "bert", "pooling")

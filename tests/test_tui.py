@@ -100,8 +100,8 @@ def models(offline):
 @pytest.fixture(scope="module")
 def warm_cache(offline):
     """A result cache that ``hfcheck sweep``'s own sweep() filled with the bundled models."""
-    from hfcheck.analyzer.sweep.cache import ResultCache
-    from hfcheck.analyzer.sweep.run import sweep
+    from hfcheck.sweep.cache import ResultCache
+    from hfcheck.sweep.run import sweep
 
     path = offline / "warm-cache"
     result = sweep(parse_refs(BUNDLED_REFS), jobs=2, timeout=120, cache=ResultCache(path))

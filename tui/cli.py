@@ -16,8 +16,8 @@ import os
 import sys
 from dataclasses import replace
 
-from hfcheck.analyzer.sweep.cli import add_hub_arguments, add_ray_argument
-from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, Parser
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, Parser
+from hfcheck.sweep.cli import add_hub_arguments, add_ray_argument
 
 DEFAULT_AUTHOR_LIMIT = 100
 
@@ -62,7 +62,7 @@ OFFLINE_HINT = "(references, --from and --atlas work offline)"
 def author_refs(author: str, limit: int | None, defaults=None) -> list[str]:
     """The Hub ids of ``author``'s models (text-generation, most downloaded first, unless
     ``defaults`` say otherwise); TargetError if impossible."""
-    from hfcheck.analyzer.sweep.hub import HubQuery, list_refs
+    from hfcheck.sweep.hub import HubQuery, list_refs
 
     query = replace(defaults or HubQuery(), author=author, limit=limit)
     return list_refs(query, label=f"--author {author}", offline_hint=f"listing a Hub author needs it {OFFLINE_HINT}",
@@ -77,8 +77,8 @@ def targets_from(args: argparse.Namespace):
         parse_refs,
         read_ref_file,
     )
-    from hfcheck.analyzer.sweep.cli import hub_defaults
-    from hfcheck.analyzer.sweep.hub import expand
+    from hfcheck.sweep.cli import hub_defaults
+    from hfcheck.sweep.hub import expand
 
     entries = list(args.refs)
     for path in args.from_file:
@@ -110,7 +110,7 @@ def targets_from(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from hfcheck.analyzer.sources.model_types import TargetError
-    from hfcheck.analyzer.sweep.cli import pool_args_problem, ray_address
+    from hfcheck.sweep.cli import pool_args_problem, ray_address
 
     if problem := pool_args_problem(args):
         return _fail(problem)

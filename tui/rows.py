@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfcheck.analyzer.report.cells import fusions_cell, largest_tp, moe_summary, pp_cell
+from hfcheck.analyzer.report.verdict import VERDICT_STYLE as VERDICT_STYLES
+from hfcheck.analyzer.report.verdict import VERDICTS
 from hfcheck.analyzer.sources.model_types import Target
-from hfcheck.analyzer.verdict import VERDICT_STYLE as VERDICT_STYLES
-from hfcheck.analyzer.verdict import VERDICTS
 from hfcheck.analyzer.vllm.release import modelled_version
+from hfcheck.sweep.run import failure_reason
 
 QUEUED, SCANNING, DONE, CANCELLED = "queued", "scanning", "done", "cancelled"
 ERROR = "error"  # the verdict cell of a model whose analysis failed
@@ -227,7 +228,6 @@ def to_json(entries: Iterable[Entry]) -> dict[str, Any]:
 
     The shape of ``hfcheck sweep --format json``: what reads one reads the other.
     """
-    from hfcheck.analyzer.sweep.run import failure_reason
 
     out: dict[str, Any] = {}
     for e in entries:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfcheck.analyzer.sources.model_types import Target
-from hfcheck.analyzer.sweep.worker import PoolError, Stopped, WorkerPool
+from hfcheck.sweep.worker import PoolError, Stopped, WorkerPool
 
 
 @dataclass(frozen=True)
@@ -187,12 +187,12 @@ class Scanner:
             pool.close(kill=kill)
 
     def _get_pool(self):
-        from hfcheck.analyzer.sweep.run import default_jobs
+        from hfcheck.sweep.run import default_jobs
 
         with self._lock:
             if self._pool is None:
                 if self.ray is not None:
-                    from hfcheck.analyzer.sweep.ray_pool import RayPool
+                    from hfcheck.sweep.ray_pool import RayPool
 
                     self._pool = RayPool(self.ray, self.jobs, self.timeout)
                 else:
@@ -200,8 +200,8 @@ class Scanner:
             return self._pool
 
     def _run(self, batch: _Batch) -> None:
-        from hfcheck.analyzer.sweep.cache import ResultCache
-        from hfcheck.analyzer.sweep.run import run_batch
+        from hfcheck.sweep.cache import ResultCache
+        from hfcheck.sweep.run import run_batch
 
         if self._is_cancelled(batch):
             return

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from hfcheck.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def _tp_sizes(text: str) -> tuple[int, ...]:
 
 def attach_proofs(report: dict[str, Any], analysis, proofs: list | None = None, **options) -> dict[str, Any]:
     """Add ``proofs`` to a scan report (running them unless given) and let failures count: the
-    verdict and score are judged again from the checks and the proofs (``analyzer/verdict.py``:
+    verdict and score are judged again from the checks and the proofs (``analyzer/report/verdict.py``:
     a failed proof counts as a failing check of its impact, so ``native-speed`` becomes ``runs``).
     ``options`` go to ``verify_analysis`` (``tp_sizes``, ``parallel``, ``seed``, ``timeout_s``)."""
     if proofs is None:
@@ -50,7 +50,7 @@ def attach_proofs(report: dict[str, Any], analysis, proofs: list | None = None, 
 
         options.setdefault("blocked", report.get("verdict") == "blocked")
         proofs = verify_analysis(analysis, **options)
-    from hfcheck.analyzer.verdict import judge
+    from hfcheck.analyzer.report.verdict import judge
 
     records = [p if isinstance(p, dict) else p.to_dict() for p in proofs]
     report["proofs"] = records
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.text import Text
 
-        from hfcheck.analyzer.verdict import VERDICT_STYLE
+        from hfcheck.analyzer.report.verdict import VERDICT_STYLE
 
         console = Console()
         model = report["model"]

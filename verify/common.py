@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfcheck.analyzer import vocabulary as V
-from hfcheck.analyzer.tolerances import VERIFY_OUTPUT
+from hfcheck.analyzer.instance import build_tiny, module_configs
+from hfcheck.analyzer.terms import vocabulary as V
+from hfcheck.analyzer.terms.tolerances import VERIFY_OUTPUT
 
 TOLERANCE = VERIFY_OUTPUT
 """Largest relative error (max |out - ref| / max |ref|, float32) a proof accepts."""
@@ -158,7 +159,6 @@ def register_attention() -> None:
 
 
 def use_verify_attention(model: nn.Module) -> None:
-    from hfcheck.analyzer.instance import module_configs
 
     register_attention()
     for config in module_configs(model):
@@ -258,7 +258,6 @@ def build_subject(facts, cfg_obj, seed: int = 0, batch: int = 2, seq: int = 12) 
     """The tiny runnable instance (``build_tiny``), re-sized so TP 2/4 and PP 2 can be shown."""
     from transformers import AutoModel
 
-    from hfcheck.analyzer.instance import build_tiny
 
     inst = build_tiny(facts, cfg_obj, seed=seed)
     model, config = inst.model, inst.config

@@ -5,7 +5,7 @@ outputs are all-reduced. Compared with the unsharded model."""
 
 from __future__ import annotations
 
-from hfcheck.verify.common import Proof, Subject, Timer
+from hfcheck.verify.common import Proof, Subject, Timer, generic
 from hfcheck.verify.fusion import find_sites, fusion_context
 from hfcheck.verify.shard import predicted_plan
 from hfcheck.verify.tp import prove_sharded
@@ -18,7 +18,6 @@ def ep_plan(subject: Subject, facts, size: int, with_tp: bool, sites) -> dict[st
         plan = {}
     experts = [k for k, v in plan.items() if v == "moe_tp"] if with_tp else []
     if not experts:
-        from hfcheck.verify.common import generic
 
         experts = sorted({generic(f"{s.path}.experts" if s.path else "experts") for s in sites if s.fusion == "moe"})
     for key in experts:

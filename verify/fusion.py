@@ -32,10 +32,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.fusions.base import Match
+from hfcheck.analyzer.fusions.context import fusion_context as scan_context
 from hfcheck.analyzer.fusions.detect import BY_NAME, fused_forward
-from hfcheck.analyzer.graph.forward_source import RewriteRefused
+from hfcheck.analyzer.fusions.glu import act_and_mul_name
+from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
+from hfcheck.analyzer.graph.forward_source import RewriteRefused, resolve_expression
+from hfcheck.analyzer.terms import vocabulary as V
 from hfcheck.verify import layers as L
 from hfcheck.verify.common import (
     ATTN,
@@ -72,7 +75,6 @@ class Site:
 
 def fusion_context(subject: Subject, facts, tp_size: int = 1):
     """scan's ``fusion_context`` (the fp16 routing rule included), with the shrunk instance's head size."""
-    from hfcheck.analyzer.fusions.context import fusion_context as scan_context
 
     return scan_context(facts, tp_size, head_size=subject.head_dim or 1, attn_implementation=ATTN)
 
@@ -80,8 +82,7 @@ def fusion_context(subject: Subject, facts, tp_size: int = 1):
 def find_sites(model: nn.Module, ctx) -> list[Site]:
     """The fusions vLLM would apply to ``model``: scan's own ``recursive_replace`` walk
     (``analyzer.graph.observe``) on this instance, read back as sites to apply."""
-    from hfcheck.analyzer.fusions.moe import EXPERTS_NAME
-    from hfcheck.analyzer.graph.observe import observe
+    from hfcheck.analyzer.analysis.observe import observe
 
     observations = observe(model, ctx)
     sites = [
@@ -136,7 +137,6 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
             delattr(module, n)
         _bind(module, forward)
     elif f == "glu":
-        from hfcheck.analyzer.fusions.glu import act_and_mul_name
 
         gate, up = site.projections
         act = site.details["act"]
@@ -179,7 +179,6 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
         weight = getattr(module, "weight", None)
         _set_child(model, site.path, L.RMSNorm(weight, _eps_of(module), bool(site.details.get("zero_centered"))))
     elif f == "attention":
-        from hfcheck.analyzer.graph.forward_source import resolve_expression
 
         value = resolve_expression(site.details.get("scaling"), module)
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -10,8 +10,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hfcheck.analyzer.verdict import verdict_of
-from hfcheck.verify.common import Proof, Timer, generic
+from hfcheck.analyzer.instance import InstanceError
+from hfcheck.analyzer.report import run_rules
+from hfcheck.analyzer.report.verdict import verdict_of
+from hfcheck.analyzer.rules.parallel import tp_refusals
+from hfcheck.verify.common import Proof, Timer, build_subject, generic, single_thread
+from hfcheck.verify.ep import prove_ep
+from hfcheck.verify.fusion import prove_fusions
+from hfcheck.verify.pp import prove_pp
+from hfcheck.verify.tp import prove_tp
 
 DEFAULT_TP_SIZES = (2, 4)
 
@@ -29,10 +36,8 @@ def verify_analysis(analysis, *, tp_sizes: tuple[int, ...] = DEFAULT_TP_SIZES, p
 
     ``blocked``: scan's verdict is ``blocked`` (vLLM refuses to load the model, so no
     parallel claim is made); worked out from the rules when not given."""
-    from hfcheck.verify.common import single_thread
 
     if blocked is None:
-        from hfcheck.analyzer.report import run_rules
 
         blocked = verdict_of(run_rules(analysis)) == "blocked"
     with single_thread():
@@ -41,13 +46,6 @@ def verify_analysis(analysis, *, tp_sizes: tuple[int, ...] = DEFAULT_TP_SIZES, p
 
 def _verify(analysis, tp_sizes: tuple[int, ...], parallel: bool, seed: int, timeout_s: float, blocked: bool) -> list[Proof]:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from hfcheck.analyzer.instance import InstanceError
-    from hfcheck.analyzer.rules.parallel import tp_refusals
-    from hfcheck.verify.common import build_subject
-    from hfcheck.verify.ep import prove_ep
-    from hfcheck.verify.fusion import prove_fusions
-    from hfcheck.verify.pp import prove_pp
-    from hfcheck.verify.tp import prove_tp
 
     timer = Timer()
     facts, cfg = analysis.facts, analysis.config_object

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.fusions.base import Match
 from hfcheck.analyzer.fusions.detect import fused_forward
+from hfcheck.analyzer.terms import vocabulary as V
 from hfcheck.verify import layers as L
 from hfcheck.verify.common import Subject, generic
 from hfcheck.verify.fusion import Site, _eps_of, find_sites, fusion_context

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts.config_fields import (
     TEXT_SUBCONFIG_KEYS,
     as_count,
@@ -23,6 +22,7 @@ from hfcheck.analyzer.facts.config_fields import (
 )
 from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
+from hfcheck.analyzer.terms import vocabulary as V
 from hfcheck.analyzer.vllm.native_fit import native_fit
 from hfcheck.analyzer.vllm.registry import resolve_auto
 

@@ -24,8 +24,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts.errors import FactsError
+from hfcheck.analyzer.terms import vocabulary as V
 
 MAX_LAYERS = 10_000
 MAX_HEADS = 1 << 16

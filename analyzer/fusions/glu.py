@@ -16,7 +16,7 @@ from hfcheck.analyzer.fusions.merged_column import MergedColumn
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import find, is_linear, peel
 from hfcheck.analyzer.graph.tracer import Trace
-from hfcheck.analyzer.vocabulary import ACT_AND_MUL_KERNELS
+from hfcheck.analyzer.terms.vocabulary import ACT_AND_MUL_KERNELS
 
 
 def act_and_mul_name(act: nn.Module) -> str | None:
@@ -38,6 +38,25 @@ def _act_of_gate(node: object, module: nn.Module) -> bool:
         and len(node.args) == 1
         and is_linear(node.args[0], module)
     )
+
+
+def merge_glu(funcdef: ast.FunctionDef, gate: str, up: str, act: str, merged: str) -> None:
+    """``act(gate(x)) * up(x)`` -> ``act(<merged>(x))`` (the activation becomes an act-and-mul)."""
+    act_call = src.single_call(funcdef, act, guards_allowed=False)
+    gate_call, up_call = src.single_call(funcdef, gate), src.single_call(funcdef, up)
+    if act_call.args[0] is not gate_call:
+        raise src.RewriteRefused("the activation does not directly wrap the gate projection")
+    if not src.same_input([gate_call, up_call]):
+        raise src.RewriteRefused("gate and up read inputs written differently")
+    muls = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) and {id(n.left), id(n.right)} == {id(act_call), id(up_call)}
+    ]
+    if len(muls) != 1:
+        raise src.RewriteRefused("no single `act(gate(x)) * up(x)` multiply in the source")
+    gate_call.func.attr = merged
+    src.replace_node(funcdef, muls[0], act_call)
 
 
 class GLU(Pattern):
@@ -78,7 +97,7 @@ class GLU(Pattern):
     def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
         """``act(gate(x)) * up(x)`` -> ``act(gate_up_proj(x))``."""
         gate, up = match.projections
-        src.merge_glu(funcdef, gate, up, match.details["act"], cls.merged_name(match))
+        merge_glu(funcdef, gate, up, match.details["act"], cls.merged_name(match))
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -6,6 +6,8 @@ attention. Validates only when the model uses MLA (``kv_lora_rank`` in the confi
 from __future__ import annotations
 
 import ast
+import inspect
+import textwrap
 
 from torch import fx, nn
 
@@ -62,6 +64,39 @@ def _reads_input(node: fx.Node) -> bool:
 def _norm_width(norm: nn.Module) -> int:
     weight = getattr(norm, "weight", None)
     return weight.numel() if weight is not None else -1
+
+
+def expands_latent(module: nn.Module, method_name: str, kv_b: str) -> bool:
+    """``self.<method>(kv_c_normed, k_pe)``: two inputs, every return a pair, applies ``kv_b``."""
+    method = getattr(type(module), method_name, None)
+    code = getattr(inspect.unwrap(method), "__code__", None) if method is not None else None
+    if code is None or code.co_argcount != 3 or kv_b not in code.co_names:
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    returns = [n for n in ast.walk(tree) if isinstance(n, ast.Return)]
+    return bool(returns) and all(isinstance(r.value, ast.Tuple) and len(r.value.elts) == 2 for r in returns)
+
+
+def bypass_latent_expansion(funcdef: ast.FunctionDef, module: nn.Module, kv_b: str) -> None:
+    """MLA: the one KV expansion call ``self.<expand>(kv_c, k_pe)`` -> ``(kv_c, k_pe)``, so the
+    latent reaches vLLM's MLA attention unexpanded."""
+    calls = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+        and len(n.args) == 2
+        and not n.keywords
+        and expands_latent(module, n.func.attr, kv_b)
+    ]
+    if len(calls) != 1:
+        raise src.RewriteRefused("no single `self.<expand>(kv_c_normed, k_pe)` method applying kv_b_proj")
+    src.replace_node(funcdef, calls[0], ast.Tuple(list(calls[0].args), ast.Load()))
 
 
 class MLA(Pattern):
@@ -125,7 +160,7 @@ class MLA(Pattern):
         if "q_a_proj" in match.details:
             names = (match.details["q_a_proj"], match.details["kv_a_proj"])
             src.merge_projections(funcdef, module, names, cls.merged_name(match), src.top_level, "q and kv down-projections")
-        src.bypass_latent_expansion(funcdef, module, match.details["kv_b_proj"])
+        bypass_latent_expansion(funcdef, module, match.details["kv_b_proj"])
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

@@ -22,6 +22,25 @@ def _split_sizes(node: fx.Node) -> tuple[int, int] | None:
     return (q, k) if k == v and q >= k else None
 
 
+def packed_split(funcdef: ast.FunctionDef, name: str) -> None:
+    """The one ``....split((q, kv, kv))`` of ``<name>``'s output -> per-rank sizes (vLLM's
+    ``_split_call`` matches any attribute named ``name`` under the split)."""
+    splits = [
+        n
+        for n in ast.walk(funcdef)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "split"
+        and n.args
+        and isinstance(n.args[0], (ast.Tuple, ast.List))
+        and len(n.args[0].elts) == 3
+        and any(isinstance(i, ast.Attribute) and i.attr == name for i in ast.walk(n.func.value))
+    ]
+    if len(splits) != 1:
+        raise src.RewriteRefused(f"self.{name} has {len(splits)} three-way splits in the source (needs exactly one)")
+    splits[0].args[0] = src.local_sizes(name)
+
+
 class PackedQKV(Pattern):
     name = "packed_qkv"
 
@@ -50,7 +69,7 @@ class PackedQKV(Pattern):
     @classmethod
     def rewrite(cls, funcdef: ast.FunctionDef, match: Match, module: nn.Module) -> None:
         """The split sizes -> the sharded projection's per-rank widths."""
-        src.packed_split(funcdef, match.projections[0])
+        packed_split(funcdef, match.projections[0])
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:

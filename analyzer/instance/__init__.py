@@ -1,6 +1,6 @@
 """facts -> a tiny model instance that keeps the structure vLLM decides on.
 
-Two shrinks (the cuts themselves in ``analyzer/shrink.py``), both from the real config object:
+Two shrinks (the cuts themselves in ``analyzer/instance/shrink.py``), both from the real config object:
 - ``structural`` (what ``scan`` uses): the shortest prefix of decoder layers that holds
   every distinct layer kind in order (dense-first and MoE layers included), at most 4
   experts (never fewer than 2, top-k clamped), real widths. Built on the meta device,
@@ -22,7 +22,7 @@ from torch import nn
 
 from hfcheck.analyzer.facts import ModelFacts
 from hfcheck.analyzer.facts.config_fields import text_config_of
-from hfcheck.analyzer.shrink import (
+from hfcheck.analyzer.instance.shrink import (
     cut_experts,
     cut_extras,
     cut_layers,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hfcheck.analyzer.analysis.crosscheck import summary_line
 from hfcheck.analyzer.render.sarif import problems
-from hfcheck.analyzer.vllm.crosscheck import summary_line
+from hfcheck.analyzer.rules.registry import BY_CODE
 
 COMMAND = {"error": "error", "warning": "warning", "note": "notice"}
 
@@ -30,7 +31,6 @@ def _escape_property(text: str) -> str:
 
 def render_github(report: dict[str, Any], model_dir: str | None = None) -> str:
     """The annotation lines (and a summary line), newline-terminated."""
-    from hfcheck.analyzer.rules.registry import BY_CODE
 
     lines = []
     counts = {"error": 0, "warning": 0, "note": 0}

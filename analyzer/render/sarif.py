@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.policy import enforced
+from hfcheck.analyzer.report.policy import enforced
+from hfcheck.analyzer.rules.registry import RULES
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -133,7 +134,6 @@ def _help_markdown(rule: type) -> str:
 
 def render_sarif(report: dict[str, Any], model_dir: str | None = None) -> dict[str, Any]:
     """The SARIF 2.1.0 log (a dict; ``json.dumps`` it) of one scan report."""
-    from hfcheck.analyzer.rules.registry import RULES
 
     found = problems(report, model_dir)
     rules = [_rule_descriptor(r) for r in RULES]

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from hfcheck.analyzer.verdict import VERDICT_STYLE
+from hfcheck.analyzer.report.verdict import VERDICT_STYLE
 
 NO_COMMAND = "vLLM's transformers backend would refuse this model."
 """Why there is no command, for reports older than schema 1.1 (no ``serve`` note)."""

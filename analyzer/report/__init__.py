@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import hfcheck
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.analysis import Analysis
 from hfcheck.analyzer.facts.runner import backend_class
-from hfcheck.analyzer.remote import code_findings
+from hfcheck.analyzer.findings.rule import Finding
+from hfcheck.analyzer.remote.checks import code_findings
 from hfcheck.analyzer.report.memory import MemoryEstimate, estimate, suggested_parallelism
-from hfcheck.analyzer.rules.base import Finding
+from hfcheck.analyzer.report.verdict import score_of, verdict_of
 from hfcheck.analyzer.rules.parallel import (
     ANY_BACKEND,
     inferred_plan,
@@ -25,12 +24,13 @@ from hfcheck.analyzer.rules.parallel import (
     tp_constraints,
 )
 from hfcheck.analyzer.rules.registry import BY_CODE, RULES
-from hfcheck.analyzer.verdict import score_of, verdict_of
+from hfcheck.analyzer.terms import vocabulary as V
 from hfcheck.analyzer.vllm.release import tables
 from hfcheck.analyzer.vllm.sources import cite_all
+from hfcheck.shared import version
 
 if TYPE_CHECKING:
-    from hfcheck.analyzer.graph.observe import ModuleObservation, Observations
+    from hfcheck.analyzer.analysis.observe import ModuleObservation, Observations
 
 SCHEMA_VERSION = "1.3"
 """1.1: ``serve`` (which implementation the serve command uses, and why) and
@@ -69,7 +69,7 @@ def build_report(analysis: Analysis) -> dict[str, Any]:
     serve = _serve_plan(analysis, verdict, mem, sizes, pp_supported, ep_supported)
     return {
         "schema_version": SCHEMA_VERSION,
-        "hfcheck_version": hfcheck.__version__,
+        "hfcheck_version": version.__version__,
         "vllm_version_modelled": analysis.target.vllm,
         "transformers_version": _transformers_version(),
         "target": analysis.target.to_dict(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hfcheck.analyzer import vocabulary as V
+from hfcheck.analyzer.terms import vocabulary as V
 
 
 def fusions_cell(report: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from hfcheck.analyzer.shrink import is_moe_layer
+from hfcheck.analyzer.instance.shrink import is_moe_layer
 
 GPU_GIB = 80
 """Assumed accelerator memory (H100/A100 80 GB class); stated in the output."""

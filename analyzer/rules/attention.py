@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer import vocabulary as V
 from hfcheck.analyzer.facts.runner import is_mm_prefix_lm
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.terms import vocabulary as V
 
 _SSM_BESIDE_ATTENTION = frozenset({"hybrid", "hybrid_sliding"})
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
 
 _PROJECTION_FUSIONS = {"qkv", "packed_qkv", "mla"}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
 
 
 def _some(names: list[str], limit: int = 4) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hfcheck.analyzer.facts.config_fields import text_config_of
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
 
 
 class ExpertsReplaceable(Rule):

@@ -13,7 +13,7 @@ from typing import Any
 
 from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.facts.runner import backend_class, is_mm_prefix_lm
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
 
 
 def _processor(analysis) -> Any:

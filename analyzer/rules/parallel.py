@@ -6,8 +6,8 @@ import re
 
 from torch import nn
 
-from hfcheck.analyzer import vocabulary as V
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.terms import vocabulary as V
 
 
 def inferred_plan(obs) -> dict[str, str]:

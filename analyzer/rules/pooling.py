@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.facts.runner import backend_class
-from hfcheck.analyzer.rules.base import Finding, Rule
-from hfcheck.analyzer.tolerances import SAME_HIDDEN_STATES
+from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.terms.tolerances import SAME_HIDDEN_STATES
 
 LEGACY_DROPPED_PREFIXES = ("model.lm_head.", "model.predictions.", "model.qa_outputs.", "model.embeddings_project.",
                            "model.discriminator_predictions.")

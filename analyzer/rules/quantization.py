@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer import vocabulary as V
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.terms import vocabulary as V
 from hfcheck.analyzer.vllm.release import tables
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hfcheck.analyzer.findings.rule import Rule
 from hfcheck.analyzer.rules.attention import (
     AttentionArguments,
     AttentionCoverage,
@@ -10,7 +11,6 @@ from hfcheck.analyzer.rules.attention import (
     UnmanagedStateSpace,
     ValueHeadSize,
 )
-from hfcheck.analyzer.rules.base import Rule
 from hfcheck.analyzer.rules.fusion import AttentionProjections, GatedMLP, RMSNormDetected
 from hfcheck.analyzer.rules.loading import CheckpointLoads, LinearSubclassForward
 from hfcheck.analyzer.rules.moe import (

@@ -10,8 +10,8 @@ build, which runs only with ``--trust-remote-code``.
 
 from __future__ import annotations
 
+from hfcheck.analyzer.findings.rule import Finding, Rule
 from hfcheck.analyzer.remote.checks import RULES as STATIC_RULES
-from hfcheck.analyzer.rules.base import Finding, Rule
 
 
 class SandboxedBuild(Rule):

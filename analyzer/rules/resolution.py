@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hfcheck.analyzer.facts.config_fields import text_config_of
+from hfcheck.analyzer.findings.rule import Finding, Rule
 from hfcheck.analyzer.remote.ast_helpers import passes_source_test
-from hfcheck.analyzer.rules.base import Finding, Rule
 from hfcheck.analyzer.vllm.release import tables
 
 

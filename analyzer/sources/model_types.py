@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from hfcheck.analyzer.sources import ModelSource, SourceError, resolve
+
 TYPE_PREFIX = "type:"
 POOLING_PREFIX = "pooling:"
 CAUSAL, VLM, POOLING = "causal-lm", "image-text-to-text", "pooling"
@@ -173,7 +175,6 @@ def type_source(model_type: str, section: str = CAUSAL):
     """A ModelSource for a model type's default config (no folder, no remote code)."""
     import transformers
 
-    from hfcheck.analyzer.sources import ModelSource
 
     config, completed = default_config(model_type, section)
     note = f"default {config['architectures'][0]} config of transformers {transformers.__version__}"
@@ -197,7 +198,6 @@ def prepare(target: Target):
     """The target's ModelSource; TargetError (one line) when there is none."""
     if target.is_type:
         return type_source(target.model_type, target.section)
-    from hfcheck.analyzer.sources import SourceError, resolve
 
     try:
         return resolve(target.ref)

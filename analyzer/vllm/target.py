@@ -8,7 +8,7 @@ of a target is, in order:
 2. the installed one, where the installed vLLM is the release predicted for (it runs with it);
 3. the installed one, where the release's pin admits it;
 4. else the newest release the pin admits (what ``pip install vllm==X`` resolves), which a
-   command then runs in: ``hfcheck.environments.ensure_analysis_env`` builds a cached
+   command then runs in: ``hfcheck.shared.environments.ensure_analysis_env`` builds a cached
    environment with it, and the command runs again there (``reexec``).
 
 A process only ever analyses with the transformers it imports; ``current()`` names it, and says

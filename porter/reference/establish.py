@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from hfcheck.analyzer.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
-from hfcheck.environments import (
+from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
+from hfcheck.analyzer.remote import CodeIndex
+from hfcheck.porter.reference.run import ReferenceRun, run_reference
+from hfcheck.shared.environments import (
     NOT_INSTALLABLE,
     EnvError,
     EnvSpec,
@@ -27,7 +29,6 @@ from hfcheck.environments import (
     pip_requirement,
     release_of,
 )
-from hfcheck.porter.reference.run import ReferenceRun, run_reference
 
 # Releases tried, newest first, when the declared one cannot import the code or none is declared.
 FALLBACK_RELEASES = ("4.51.3", "4.46.3", "4.42.4", "4.37.2", "4.33.3", "4.30.2", "4.28.1")
@@ -59,7 +60,6 @@ class Reference:
 
 def _reachable(code_files: dict[str, str], auto_map: dict[str, Any]):
     """The code files the auto_map classes import (relative imports, transitively)."""
-    from hfcheck.analyzer.remote import CodeIndex
 
     index = CodeIndex(dict(code_files))
     stems = {PurePosixPath(name).stem: name for name in index.files}

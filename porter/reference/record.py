@@ -7,7 +7,7 @@ child's line tracer) is recorded against *tensor versions*: a node per tensor va
 when an op returns a new tensor or writes into one in place. Each op carries the remote-code
 frames it ran under (file, line), and each line event the remote frame's tensor locals at that
 moment, so the parent can map any value back to the variable that held it and to the
-statement that computed it (``porter.port.dataflow``). Small values are saved with the
+statement that computed it (``porter.rewrite.dataflow``). Small values are saved with the
 reference tensors (``df.<node>``) for the parent's numerical checks.
 
 This is torch.fx's graph with shapes, taken from the real run instead of a symbolic trace:

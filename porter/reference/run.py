@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.environments import GPU_ONLY, ReferenceEnv
 from hfcheck.isolation import child_env, fence, private_root
 from hfcheck.isolation.jobs import run_job
+from hfcheck.shared.environments import GPU_ONLY, ReferenceEnv
 
 CHILD = Path(__file__).with_name("child.py")
 PACKAGE = "hfcheck_ref_original"

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from hfcheck.analyzer.shrink import MAX_TINY_HEADS, head_counts, shrink_config
+from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, head_counts, shrink_config
 from hfcheck.porter.reference.establish import establish, is_shape_failure
 
 

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hfcheck.analyzer.shrink import first, head_counts
+from hfcheck.analyzer.instance.shrink import first, head_counts
 from hfcheck.porter.reference.run import ReferenceRun
 
 NORM_PARAM_NAMES = {"weight", "bias", "scale", "g", "gamma", "beta"}

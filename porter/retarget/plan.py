@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from hfcheck.porter.output.weights import DEFAULT_SHARD_BYTES, ShardWriter, checkpoint_files
+
 Recipe = dict[str, Any]
 
 
@@ -161,7 +163,6 @@ class CheckpointReader:
     PyTorch pickles loaded with ``weights_only=True`` and ``mmap`` (no code is unpickled)."""
 
     def __init__(self, folder: Path):
-        from hfcheck.porter.port.weights import checkpoint_files
 
         self.folder = folder
         self.where: dict[str, Path] = {}
@@ -226,7 +227,6 @@ class CheckpointReader:
 def convert_folder(plan: list[Recipe], layers: int, src: Path, out: Path, dtype: str | None = None,
                    max_shard_bytes: int | None = None) -> dict[str, Any]:
     """Stream the checkpoint in ``src`` through ``plan`` into safetensors shards in ``out``."""
-    from hfcheck.porter.port.weights import DEFAULT_SHARD_BYTES, ShardWriter
 
     reader = CheckpointReader(src)
     if reader.kind is None:

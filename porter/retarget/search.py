@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.shrink import first, head_counts
-from hfcheck.analyzer.tolerances import PORT_LOGITS
+from hfcheck.analyzer.instance.shrink import first, head_counts
+from hfcheck.analyzer.terms.tolerances import PORT_LOGITS
 from hfcheck.analyzer.vllm.registry import vllm_has_native
+from hfcheck.porter.reference.compare import compare
 from hfcheck.porter.reference.run import ReferenceRun
 from hfcheck.porter.retarget.anatomy import Anatomy, Dims, layer_count
 from hfcheck.porter.retarget.plan import PlanError, Recipe, convert_state, expand, sources
@@ -62,20 +63,6 @@ class SearchResult:
     attempts: list[Attempt]
     skipped: list[str]  # "target: why it does not fit"
     seconds: float
-
-
-def compare(ref, got) -> dict[str, Any]:
-    import torch
-
-    ref, got = ref.float(), got.float()
-    if ref.shape != got.shape:
-        return {"ok": False, "detail": f"shapes differ: {tuple(ref.shape)} vs {tuple(got.shape)}"}
-    diff = (ref - got).abs().max().item()
-    scale = ref.abs().max().item() or 1.0
-    rel = diff / scale
-    argmax = float((ref.argmax(-1) == got.argmax(-1)).float().mean().item())
-    ok = bool(torch.isfinite(ref).all() and torch.isfinite(got).all() and rel <= TOLERANCE and argmax == 1.0)
-    return {"ok": ok, "max_abs_error": diff, "max_rel_error": rel, "argmax_agreement": argmax}
 
 
 def build_native(config: dict[str, Any], attn: str = "eager"):

@@ -1,6 +1,6 @@
 """``hfcheck scan --cross-check`` over the whole atlas: every causal-LM model type's default
 config, analysed by hfcheck and then cross-checked in the same process by vLLM's own code
-(``analyzer/vllm/crosscheck.py``) on the same structural instance.
+(``analyzer/analysis/crosscheck.py``) on the same structural instance.
 
 Run with the Python of an environment holding both vLLM 0.33 and hfcheck (CI: .venv-vllm):
     python scripts/crosscheck/atlas_crosscheck.py [--other-types FILE] [--only a,b]
@@ -23,9 +23,9 @@ warnings.filterwarnings("ignore")
 import transformers  # noqa: E402
 from common import err, run_over_types  # noqa: E402
 
+from hfcheck.analyzer.analysis.crosscheck import cross_check, installed_vllm_version, summary_line  # noqa: E402
 from hfcheck.analyzer.scan import scan  # noqa: E402
 from hfcheck.analyzer.sources.model_types import type_source  # noqa: E402
-from hfcheck.analyzer.vllm.crosscheck import cross_check, installed_vllm_version, summary_line  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()

@@ -1,6 +1,6 @@
 """Shared by vllm_side.py and hfcheck_side.py (runs under either venv: transformers, torch, hfcheck).
 
-Both sides must build exactly the same cut model: the cut is hfcheck's, analyzer/shrink.py's
+Both sides must build exactly the same cut model: the cut is hfcheck's, analyzer/instance/shrink.py's
 ``cut_every_layer_list`` (every way hfcheck makes a model small lives there).
 """
 
@@ -61,7 +61,7 @@ def build_cut_model(mt: str, attn_impl: str):
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from hfcheck.analyzer.shrink import cut_every_layer_list
+    from hfcheck.analyzer.instance.shrink import cut_every_layer_list
 
     info: dict = {}
     for cut in (True, False):

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from common import build_cut_model, err, run_over_types  # noqa: E402
 
+from hfcheck.analyzer.analysis.crosscheck import vllm_replaces_experts  # noqa: E402
 from hfcheck.analyzer.facts import collect_facts  # noqa: E402
 from hfcheck.analyzer.fusions.attention import layer_index  # noqa: E402
 from hfcheck.analyzer.fusions.base import FusionContext  # noqa: E402
@@ -25,7 +26,6 @@ from hfcheck.analyzer.fusions.context import fusion_context  # noqa: E402
 from hfcheck.analyzer.fusions.detect import class_fusions, instance_fusions  # noqa: E402
 from hfcheck.analyzer.fusions.moe import MoEBlockFusion  # noqa: E402
 from hfcheck.analyzer.instance import ATTN_IMPLEMENTATION, register_attention  # noqa: E402
-from hfcheck.analyzer.vllm.crosscheck import vllm_replaces_experts  # noqa: E402
 
 logging.disable(logging.WARNING)
 transformers.logging.set_verbosity_error()

@@ -8,7 +8,7 @@ VPY=${VLLM_VENV:-.venv-vllm}/bin/python   # the venv scripts/ci_crosscheck.sh bu
 HPY=.venv/bin/python
 $VPY -c 'from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M; print("\n".join(M))' > /tmp/crosscheck_types_vllm.txt 2>/dev/null
 $HPY -c 'from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M; print("\n".join(M))' > /tmp/crosscheck_types_hfcheck.txt
-# vLLM's side asks vLLM through hfcheck.analyzer.vllm.crosscheck: the shim makes it importable there too
+# vLLM's side asks vLLM through hfcheck.analyzer.analysis.crosscheck: the shim makes it importable there too
 SHIM=/tmp/crosscheck_shim; rm -rf $SHIM; mkdir -p $SHIM/hfcheck
 for f in hfcheck/*; do ln -sfn "$PWD/$f" "$SHIM/$f"; done   # the namespace root (packages.py, isolation/, ...)
 ln -sfn "$PWD/analyzer" $SHIM/hfcheck/analyzer

@@ -1,5 +1,5 @@
 """vLLM 0.33's own fuser detection on every common causal-LM model type (CPU, meta device),
-asked through hfcheck.analyzer.vllm.crosscheck (the one module that calls vLLM's fusers).
+asked through hfcheck.analyzer.analysis.crosscheck (the one module that calls vLLM's fusers).
 
 Run with the Python of an environment holding vLLM 0.33 and hfcheck (CI: .venv-vllm):
     python scripts/crosscheck/vllm_side.py [--other-types FILE] [--only a,b]
@@ -22,7 +22,7 @@ import transformers  # noqa: E402
 from common import build_cut_model, err, run_over_types  # noqa: E402
 
 import hfcheck  # noqa: E402
-from hfcheck.analyzer.vllm.crosscheck import (  # noqa: E402
+from hfcheck.analyzer.analysis.crosscheck import (  # noqa: E402
     ask_fusers,
     import_vllm,
     match_moe_block,

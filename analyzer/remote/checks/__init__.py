@@ -24,10 +24,12 @@ Shared pieces are public modules: ``analyzer/remote/ast_helpers.py`` (AST readin
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from hfcheck.analyzer.remote.ast_helpers import attention_by_hand, dispatch_names, is_call_to
+from hfcheck.analyzer.remote.ast_helpers import attention_by_hand, dispatch_names
 from hfcheck.analyzer.remote.checks import (
     attention,
     files,
@@ -54,18 +56,14 @@ from hfcheck.analyzer.remote.checks.imports import (
     unguarded_imports,
 )
 from hfcheck.analyzer.remote.checks.layers import check_layer_kinds
-from hfcheck.analyzer.remote.checks.moe import check_moe, counts_experts, looks_swapped, param_rank
-from hfcheck.analyzer.remote.checks.packed_qkv import PACKED_NAME, check_fused_qkv
+from hfcheck.analyzer.remote.checks.moe import check_moe
+from hfcheck.analyzer.remote.checks.packed_qkv import check_fused_qkv
 from hfcheck.analyzer.remote.checks.pipeline import check_pipeline
 from hfcheck.analyzer.remote.checks.security import check_security
 from hfcheck.analyzer.remote.index import CodeIndex
-from hfcheck.analyzer.remote.roles import Roles, auto_map_classes, find_roles
-
-# The private names ``porter`` imported from ``checks.py`` before the split; porter now imports
-# their public homes (``ast_helpers``, ``roles``, the family modules). Kept while porter is being
-# edited elsewhere, so that in-flight code importing the old names still runs.
-_is_call_to, _installed, _auto_map_classes, _PACKED_NAME = is_call_to, installed, auto_map_classes, PACKED_NAME
-_counts_experts, _looks_swapped, _param_rank = counts_experts, looks_swapped, param_rank
+from hfcheck.analyzer.remote.roles import Roles, find_roles
+from hfcheck.analyzer.remote.source import has_remote_code
+from hfcheck.analyzer.terms.vocabulary import EXPERT_COUNT_FIELDS
 
 FAMILIES = (files, attention, moe, pipeline, imports, layers, packed_qkv, security)
 
@@ -73,8 +71,7 @@ RULES: tuple[type[RemoteCodeRule], ...] = tuple(sorted((r for f in FAMILIES for 
 """Every static remote-code rule, in code order (``rules/remote_code.py`` adds HFC830)."""
 
 __all__ = ["FAMILIES", "RULES", "CodeFinding", "RemoteCodeRule", "Roles", "attention_by_hand", "dispatch_names", "find_roles",
-           "installed", "run_checks", "unguarded_imports",
-           "_PACKED_NAME", "_auto_map_classes", "_counts_experts", "_installed", "_is_call_to", "_looks_swapped", "_param_rank"]
+           "analyse_code", "code_findings", "installed", "run_checks", "static_findings", "unguarded_imports"]
 
 
 def run_checks(index: CodeIndex, config: dict[str, Any], missing: Iterable[str] = ()) -> list[CodeFinding]:
@@ -105,3 +102,40 @@ def run_checks(index: CodeIndex, config: dict[str, Any], missing: Iterable[str] 
         except RecursionError:  # pathological nesting in a hostile file
             findings.append(CodeFinding("HFC800", "inconclusive", None, None, "a check gave up: the code nests too deeply to walk"))
     return sorted(findings, key=lambda f: (f.code, f.file or "", f.line or 0))
+
+
+_CACHE: OrderedDict[tuple, list[CodeFinding]] = OrderedDict()
+_CACHE_SIZE = 16
+
+
+def analyse_code(code_files: dict[str, str], config: dict[str, Any] | None = None, missing: tuple[str, ...] = ()) -> list[CodeFinding]:
+    """Every static finding (passes included) for these files; cached on their text."""
+    config = config if isinstance(config, dict) else {}
+    key = (tuple(sorted(code_files.items())), json.dumps(config.get("auto_map"), sort_keys=True, default=str),
+           json.dumps({k: config.get(k) for k in EXPERT_COUNT_FIELDS}, default=str), tuple(missing))
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    findings = run_checks(CodeIndex(dict(code_files)), config, missing)
+    _CACHE[key] = findings
+    while len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return findings
+
+
+def static_findings(source) -> list[CodeFinding] | None:
+    """The static findings for a ModelSource, or None when it carries no remote code."""
+    if not has_remote_code(source):
+        return None
+    return analyse_code(source.code_files, source.config, tuple(source.missing_code))
+
+
+def code_findings(source) -> list[dict[str, Any]]:
+    """``[{code, file, line, message, status, remediation}]``: every problem the static
+    analysis found, in check order (empty for models without remote code)."""
+    findings = static_findings(source) or []
+    return [
+        {"code": f.code, "file": f.file, "line": f.line, "message": f.message, "status": f.status, "remediation": f.remediation}
+        for f in findings
+        if f.status != "pass"
+    ]

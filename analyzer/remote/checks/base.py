@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
-from hfcheck.analyzer.rules.base import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, Rule
 
 
 @dataclass(frozen=True)

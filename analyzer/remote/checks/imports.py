@@ -14,7 +14,7 @@ from hfcheck.analyzer.remote.ast_helpers import calls_to, where_in
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.index import CodeIndex, FileIndex
 from hfcheck.analyzer.vllm.environment import serving_environment
-from hfcheck.packages import CUDA_ONLY
+from hfcheck.shared.packages import CUDA_ONLY
 
 # --------------------------------------------------------------------------- HFC811: removed APIs
 

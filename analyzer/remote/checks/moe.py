@@ -11,7 +11,7 @@ from hfcheck.analyzer.remote.ast_helpers import is_call_to
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex, FileIndex
 from hfcheck.analyzer.remote.roles import Roles
-from hfcheck.analyzer.vocabulary import EXPERT_COUNT_FIELDS
+from hfcheck.analyzer.terms.vocabulary import EXPERT_COUNT_FIELDS
 
 # --------------------------------------------------------------------------- HFC808: MoE experts
 

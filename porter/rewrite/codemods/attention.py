@@ -1,0 +1,849 @@
+"""HFC801 / HFC803 (and HFC802, HFC807 on the way): route attention through the transformers
+attention interface.
+
+Recognised, in an attention module's ``forward`` (top-level statements only):
+
+- hand-written ``softmax(Q K^T) V``: the statement computing ``W = Q @ K^T [/ sqrt(d) | * s]``,
+  then only mask additions (also under ``if mask is not None:``), scaling, softmax, dropout and
+  dtype casts of ``W``, up to ``O = W @ V``;
+- a direct ``F.scaled_dot_product_attention(q, k, v, attn_mask=..., ...)`` call;
+- a direct ``flash_attn_func(q, k, v, ..., causal=True)`` call ([batch, seq, heads, dim] layout).
+
+The span becomes ``attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+self.config._attn_implementation, eager_attention_forward)`` and one call
+``O, W = attention_interface(self, q, k, v, mask, dropout=..., scaling=self.scaling, **kwargs)``;
+the interface returns [batch, seq, heads, dim], so the ``O.transpose(1, 2)`` that followed is
+dropped (or, when there is none, one is added). ``self.scaling``, ``self.config`` and
+``self.is_causal = True`` are added to ``__init__`` when missing, and an ``eager_attention_forward``
+(the same softmax(QK^T)V, now the interface's eager fallback) when the file has none.
+Anything else in the span (softcapping, ALiBi, masked_fill with a model-specific mask) is
+refused with the statement that stopped it: the interface cannot express it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import libcst as cst
+import libcst.matchers as m
+
+from hfcheck.analyzer.remote.ast_helpers import attention_by_hand, dispatch_names
+from hfcheck.analyzer.remote.index import CodeIndex
+from hfcheck.porter.rewrite import cstutil as cu
+from hfcheck.porter.rewrite.codemods.base import (
+    Codemod,
+    add_init_assign,
+    assigned,
+    init_owner,
+    init_param_of_config,
+    parse,
+    save,
+)
+
+SDPA = "scaled_dot_product_attention"
+FLASH = {"flash_attn_func"}
+CASTS = {"to", "type_as", "float", "half", "bfloat16", "type", "contiguous"}
+
+EAGER = '''def {name}(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
+    """softmax(Q K^T) V on [batch, heads, seq, head_dim] tensors: the `eager` entry of the
+    attention interface (added by hfcheck port; sdpa, flash and vLLM replace it)."""
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    n_rep = query.shape[1] // key.shape[1]
+    if n_rep > 1:
+        key = key.repeat_interleave(n_rep, dim=1)
+        value = value.repeat_interleave(n_rep, dim=1)
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = torch.tanh(attn_weights / softcap) * softcap
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        attn_weights = attn_weights.masked_fill(~attention_mask[:, :, :, : key.shape[-2]], torch.finfo(attn_weights.dtype).min)
+    elif attention_mask is not None:
+        attn_weights = attn_weights + attention_mask[:, :, :, : key.shape[-2]]
+    elif getattr(module, "is_causal", False) and query.shape[2] > 1:
+        q_len, kv_len = query.shape[2], key.shape[2]
+        future = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device).triu(kv_len - q_len + 1)
+        attn_weights = attn_weights.masked_fill(future, torch.finfo(attn_weights.dtype).min)
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = torch.nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+'''
+
+HEAD_COUNTS = {"num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "num_kv", "n_head", "n_heads", "n_kv_heads",
+               "num_attention_heads_per_partition", "num_multi_query_groups_per_partition"}
+WHY_DISPATCH = "vLLM serves attention only through ALL_ATTENTION_FUNCTIONS; a layer computing it itself is refused at load"
+
+
+TRUE = m.Name("True")
+NAME_IS_NOT_NONE = m.Comparison(left=m.Name(), comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None", lpar=[], rpar=[]))])
+"""``if mask is not None:``, the guard of a mask branch."""
+
+class Refused(Exception):
+    pass
+
+
+class _Plan:
+    def __init__(self, start: int, end: int, q: str, k: str, v: str, out: str, weights: str | None, mask: str, scale: str | None,
+                 scale_kind: str, dropout: str | None, layout: str, what: str):
+        self.start, self.end = start, end
+        self.q, self.k, self.v, self.out, self.weights = q, k, v, out, weights
+        self.mask, self.scale, self.scale_kind, self.dropout, self.layout, self.what = mask, scale, scale_kind, dropout, layout, what
+
+
+class AttentionInterface(Codemod):
+    name = "attention-interface"
+    codes = ("HFC801", "HFC803", "HFC802", "HFC807")
+
+    def apply(self, state) -> None:
+        tried: set[str] = set()
+        ported: set[str] = set()
+        if state.observed is not None:  # the original ran: locate each core by its dataflow
+            tried, ported = self._apply_observed(state)
+            tried |= self._drop_uncalled(state, ported)
+        while True:
+            index = state.index()
+            target = None
+            for cls in index.classes:
+                if cls.name in tried or "forward" not in cls.methods or index.is_pretrained_model(cls):
+                    continue
+                forward = cls.methods["forward"]
+                if dispatch_names(forward):
+                    continue
+                if attention_by_hand(index.file_of(cls), forward) is not None:
+                    target = cls
+                    break
+            if target is None:
+                break
+            tried.add(target.name)
+            try:
+                self._port(state, index, target)
+                ported.add(target.name)
+            except Refused as exc:
+                state.refuse("HFC803", target.file, f"{target.name}.forward", str(exc))
+        if ported:
+            self._select_directly(state, ported)
+
+    # ------------------------------------------------------------------ one class
+
+    def _port(self, state, index, cls) -> None:
+        file = cls.file
+        module = parse(state, file)
+        classdef = cu.top_class(module, cls.name)
+        if classdef is None:
+            raise Refused("the class is not defined at module level")
+        func = cu.method(classdef, "forward")
+        body = cu.body_of(func)
+        plan = self._recognise(body)
+        owner = init_owner(index, cls)
+        if owner is None or owner.file != file:
+            raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
+        owner_init = cu.method(cu.top_class(module, owner.name), "__init__")
+        config_name = init_param_of_config(owner_init)
+        init_adds: list[tuple[str, str, str]] = []  # (attr, value, position)
+        if not assigned(index, cls, "config"):
+            if config_name is None:
+                raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
+            init_adds.append(("config", config_name, "start"))
+        # scaling: vLLM reads `scaling=` from the source; it must be a literal or self.<attr>
+        scaling_arg = self._scaling(index, cls, plan, init_adds)
+        if not assigned(index, cls, "is_causal"):
+            init_adds.append(("is_causal", "True", "end"))
+        kwargs = cu.star_kwargs(func) or "kwargs"
+        iface = "attention_interface" if "attention_interface" not in cu.names_in(func) else "attention_fn"
+        eager = self._eager_name(module)
+        weights = plan.weights or ("attn_weights" if "attn_weights" not in cu.names_in(func) else "_attn_weights")
+        q, k, v = (f"{x}.transpose(1, 2)" for x in (plan.q, plan.k, plan.v)) if plan.layout == "bshd" else (plan.q, plan.k, plan.v)
+        dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
+        scaling_kw = f"scaling={scaling_arg}, " if scaling_arg is not None else ""
+        call = f"{plan.out}, {weights} = {iface}(self, {q}, {k}, {v}, {plan.mask}, dropout={dropout}, {scaling_kw}**{kwargs})\n"
+        if len(call) > 100:  # one argument a line, as transformers writes it
+            args = ["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([scaling_kw.strip().rstrip(",")] if scaling_kw else []) + [f"**{kwargs}"]
+            call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
+        new = [
+            cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager})\n"),
+            cu.stmt(call),
+        ]
+        new[0] = cu.carry_leading(body[plan.start], new[0])
+        rest = body[plan.end + 1:]
+        if plan.layout == "bhsd":
+            fixed = _drop_transpose(rest[0], plan.out) if rest else None
+            if fixed is not None:
+                rest = [fixed] + rest[1:]
+            else:
+                new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n"))
+        func = cu.with_body(func, body[: plan.start] + new + rest)
+        func = cu.add_star_kwargs(func, kwargs)
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, cu.method(classdef, "forward"), func))
+        for attr, value, position in init_adds:
+            module = add_init_assign(module, owner.name, attr, value, position)
+        module = cu.ensure_import(module, "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n", "ALL_ATTENTION_FUNCTIONS")
+        if eager not in cu.bound_names(module):
+            module = cu.ensure_import(module, "import torch\n", "torch")
+            fn = cu.stmt(EAGER.format(name=eager)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            first = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value in (cls.name, owner.name)), None)
+            module = cu.insert_before_class(module, first.name.value if first is not None else cls.name, [fn])
+            state.change("HFC801", file, eager, "added the eager fallback of the attention interface (softmax(QK^T)V)",
+                         "get_interface(impl, eager_attention_forward) needs a fallback for attn_implementation='eager'")
+        save(state, file, module)
+        where = f"{cls.name}.forward"
+        state.change("HFC803", file, where, f"replaced {plan.what} with one attention-interface call", WHY_DISPATCH)
+        state.change("HFC801", file, where, f"dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager}) once",
+                     "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
+        self._record_init_adds(state, file, owner.name, init_adds)
+
+    # ------------------------------------------------------------------ by dataflow
+
+    def _apply_observed(self, state) -> tuple[set[str], set[str]]:
+        """Rewrite each region the reference run proved to be attention (``porter.rewrite.dataflow``);
+        refuse, at file:line, each it proved is not. Classes whose attention did not run in the
+        recorded layer are left to the statement patterns below."""
+        from hfcheck.porter.rewrite.dataflow import CorePlan
+
+        tried: set[str] = set()
+        ported: set[str] = set()
+        by_file: dict[str, list] = {}
+        index = state.index()
+        for plan in state.observed:
+            info = index.files[plan.file].classes.get(plan.cls) if plan.file in index.files else None
+            forward = info.methods.get("forward") if info is not None else None
+            if forward is not None and dispatch_names(forward):
+                tried.add(plan.cls)
+                continue  # it already goes through the interface (the core ran inside transformers)
+            tried.add(plan.cls)
+            if isinstance(plan, CorePlan):
+                by_file.setdefault(plan.file, []).append(plan)
+            else:
+                state.refuse(plan.code, plan.file, f"{plan.cls}.forward", f"line {plan.line}: {plan.reason}")
+        for file, file_plans in by_file.items():
+            module = parse(state, file)
+            done = []
+            for plan in sorted(file_plans, key=lambda p: -p.start_line):  # bottom-up: earlier lines keep their numbers
+                index = CodeIndex(dict(state.files, **{file: module.code}))
+                cls = index.files[file].classes.get(plan.cls) if file in index.files else None
+                try:
+                    if cls is None:
+                        raise Refused(f"{plan.cls} is not a class of {file}")
+                    module = self._rewrite_region(state, index, cls, module, plan)
+                    done.append(plan)
+                except Refused as exc:
+                    state.refuse("HFC803", file, f"{plan.cls}.forward", f"line {plan.start_line}: {exc}")
+            window = state.config.get("sliding_window")
+            if done and isinstance(window, int) and window > 0 and "sliding_attention" not in (state.config.get("layer_types") or []):
+                state.refuse("HFC803", file, f"{done[0].cls}.forward",
+                             f"config.json sets sliding_window = {window}: the proof runs a few tokens, far inside any window, so whether the "
+                             "original windows its attention is not checked; vLLM windows only layers whose layer_types say sliding_attention")
+            if done:
+                for plan in done:
+                    module = self._per_rank_views(state, module, plan)
+                module = self._module_level(state, module, file, done[0].cls)
+                save(state, file, module)
+                ported.update(p.cls for p in done)
+        return tried, ported
+
+    def _drop_uncalled(self, state, ported: set[str]) -> set[str]:
+        """Attention classes without weights of their own that nothing calls once the rewritten
+        ``forward`` no longer takes their branch (Qwen's ``FlashSelfAttention``, never built
+        without flash_attn; ChatGLM's ``CoreAttention``, whose call was inside the region): their
+        ``self.x = Cls(...)`` and the class itself are removed. Returns the classes removed."""
+        if not ported or state.built_classes is None:
+            return set()
+        removed: set[str] = set()
+        index = state.index()
+        for cls in index.classes:
+            forward = cls.methods.get("forward")
+            if (state.built_classes.get(cls.name) or cls.name in ported or forward is None or index.is_pretrained_model(cls)
+                    or attention_by_hand(index.file_of(cls), forward) is None):
+                continue
+            if self._remove_class(state, cls):
+                removed.add(cls.name)
+        return removed
+
+    def _remove_class(self, state, cls) -> bool:
+        """Remove ``cls`` and the ``self.<attr> = cls(...)`` that build it, when no other code
+        names the class or reads those attributes."""
+        texts = dict(state.files)
+        attrs: set[str] = set()
+        for text in texts.values():
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                        and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"
+                        and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and node.value.func.id == cls.name):
+                    attrs.add(node.targets[0].attr)
+        for text in texts.values():
+            tree = ast.parse(text)
+            own = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.name]
+            inside = {id(n) for c in own for n in ast.walk(c)}  # `super(Cls, self)` in its own body does not count
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr in attrs and isinstance(node.ctx, ast.Load):
+                    return False
+                if isinstance(node, ast.Name) and node.id == cls.name and id(node) not in inside and not _builds(tree, node, cls.name):
+                    return False
+
+        class Drop(cst.CSTTransformer):
+            def leave_SimpleStatementLine(self, original, updated):
+                small = cu.simple(updated)
+                if isinstance(small, cst.Assign) and len(small.targets) == 1 and cu.is_self_attr(small.targets[0].target) \
+                        and small.targets[0].target.attr.value in attrs and isinstance(small.value, cst.Call) \
+                        and cu.code(small.value.func) == cls.name:
+                    return cst.RemovalSentinel.REMOVE
+                return updated
+
+            def leave_If(self, original, updated):
+                if isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and updated.orelse is None:
+                    return cst.RemovalSentinel.REMOVE
+                if isinstance(updated.body, cst.IndentedBlock) and not updated.body.body:
+                    return updated.with_changes(body=updated.body.with_changes(body=[cu.stmt("pass\n")]))
+                return updated
+
+            def leave_ClassDef(self, original, updated):
+                return cst.RemovalSentinel.REMOVE if updated.name.value == cls.name else updated
+
+        for file in texts:
+            module = parse(state, file)
+            new = module.visit(Drop())
+            if new.code != module.code:
+                save(state, file, new)
+        state.change("HFC803", cls.file, cls.name,
+                     f"removed {cls.name} and {', '.join(f'self.{a}' for a in sorted(attrs)) or 'nothing else'}: it holds no weights, and once the "
+                     "attention was rewritten nothing called it",
+                     "a class computing attention outside the interface makes the model count as not dispatching; this one was dead code")
+        return True
+
+    def _rewrite_region(self, state, index, cls, module: cst.Module, plan) -> cst.Module:
+        file = plan.file
+        owner = init_owner(index, cls)
+        if owner is None or owner.file != file:
+            raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
+        classdef = cu.top_class(module, plan.cls)
+        func = cu.method(classdef, plan.function)
+        init_adds: list[tuple[str, str, str]] = []
+        if not assigned(index, cls, "config"):
+            config_name = init_param_of_config(cu.method(cu.top_class(module, owner.name), "__init__"))
+            if config_name is None:
+                raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
+            init_adds.append(("config", config_name, "start"))
+        scaling = plan.scaling
+        if scaling is None and plan.scaling_init is not None:
+            scaling = self._scaling_attr(index, cls, plan.scaling_init, init_adds)
+        if not assigned(index, cls, "is_causal"):
+            init_adds.append(("is_causal", "True", "end"))
+        if plan.groups and not assigned(index, cls, "num_key_value_groups"):
+            init_adds.append(("num_key_value_groups", plan.groups, "end"))
+        forward = cu.method(classdef, "forward")
+        kwargs = cu.star_kwargs(forward) or "kwargs"
+        taken = cu.names_in(forward) | cu.names_in(func)
+        iface = "attention_interface" if "attention_interface" not in taken else "attention_fn"
+        weights = plan.weights or ("attn_weights" if "attn_weights" not in taken else "_attn_weights")
+        dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
+        q, k, v = plan.q, plan.k, plan.v
+        if plan.returns:  # the helper hands q, k and v back; forward makes the call (vLLM reads forward's source)
+            forward_names = cu.names_in(forward)
+            q, k, v = (n if n not in forward_names else f"_{n}" for n in ("query_states", "key_states", "value_states"))
+        softcap = []
+        if plan.softcap is not None:  # vLLM applies config.attn_logit_softcapping to every layer
+            softcap = ["softcap=self.config.attn_logit_softcapping"]
+            if state.config.get("attn_logit_softcapping") != plan.softcap:
+                state.config_edits.append({"op": "set", "key": "attn_logit_softcapping", "value": plan.softcap})
+                state.change("HFC803", "config.json", "attn_logit_softcapping", f"set attn_logit_softcapping = {plan.softcap:g}",
+                             "the original caps its scores with c * tanh(scores / c); vLLM applies that cap from this config key")
+            state.sdpa_unsupported.append(f"{plan.cls}: a logit softcap (transformers' sdpa backend has none)")
+        args = (["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + softcap
+                + [f"**{kwargs}"])
+        call = f"{plan.out}, {weights} = {iface}(" + ", ".join(args) + ")\n"
+        if len(call) > 100:
+            call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
+        new = [cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {self._eager_name(module)})\n"),
+               cu.stmt(call)]
+        # the interface returns [batch, seq, heads, head_dim] in transformers and [tokens, heads * head_dim] in vLLM:
+        # reshape by the layer input's own shape, as transformers' models do
+        params = cu.param_names(forward)
+        if len(params) < 2:
+            raise Refused("forward takes no input to read the token shape from")
+        o, x, head = plan.out, params[1], plan.head_attr
+        if plan.out_layout in ("bshd", "bhsd", "sbhd") and head is None:
+            raise Refused("the statements after the attention want heads split, and the module keeps no head size attribute")
+        shape = {"bsD": f"*{x}.shape[:-1], -1", "bshd": f"*{x}.shape[:-1], -1, {head}", "bhsd": f"*{x}.shape[:-1], -1, {head}",
+                 "sbD": f"{x}.shape[1], {x}.shape[0], -1", "sbhd": f"{x}.shape[1], {x}.shape[0], -1, {head}"}[plan.out_layout]
+        tail = {"bsD": ".contiguous()", "bshd": "", "bhsd": ".transpose(1, 2)", "sbD": ".transpose(0, 1).contiguous()",
+                "sbhd": ".transpose(0, 1)"}[plan.out_layout]
+        new.append(cu.stmt(f"{o} = {o}.reshape({shape}){tail}\n"))
+        if plan.returns:
+            # two edits in one class: the lower one first, so the other's line numbers hold
+            edits = [(plan.caller_line, "forward", plan.caller_line, [cu.stmt(f"{q}, {k}, {v} = {plan.caller_call}\n")] + new),
+                     (plan.start_line, plan.function, plan.end_line,
+                      [cu.stmt(f"return {plan.q}, {plan.k}, {plan.v}  # [batch, heads, seq, head_dim]: forward calls the attention\n")])]
+            removed = 0
+            for start, name, end, stmts in sorted(edits, key=lambda e: -e[0]):
+                classdef = cu.top_class(module, plan.cls)
+                method = cu.method(classdef, name)
+                done = cu.replace_lines(method, start, end, stmts, module)
+                if done is None:
+                    raise Refused(f"lines {start}-{end} are not whole statements of one block of {name}")
+                removed += done[1] if name != "forward" else 0
+                module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, method, done[0]))
+            classdef = cu.top_class(module, plan.cls)
+            func = cu.method(classdef, "forward")
+            replaced = (func, removed)
+        else:
+            replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
+            if replaced is None:
+                raise Refused(f"lines {plan.start_line}-{plan.end_line} are not whole statements of one block of forward")
+            removed = replaced[1]
+        new_func = cu.add_star_kwargs(replaced[0], kwargs)
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, new_func))
+        module = self._split_packed(state, index, cls, module, plan, init_adds)
+        for attr, value, position in init_adds:
+            module = add_init_assign(module, owner.name, attr, value, position)
+        where = f"{plan.cls}.{plan.function}"
+        state.change("HFC803", file, where,
+                     f"replaced lines {plan.start_line}-{plan.end_line} ({plan.what}; {removed} statement(s)) with one attention-interface call"
+                     + (f" in forward (line {plan.caller_line}; {plan.function} now returns q, k and v)" if plan.returns else "") + ", "
+                     f"proven equal on the original's recorded values (max relative error {plan.max_rel_error:.1e})", WHY_DISPATCH)
+        state.change("HFC801", file, where, "dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
+                     "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
+        self._record_init_adds(state, file, owner.name, init_adds)
+        return module
+
+    def _split_packed(self, state, index, cls, module: cst.Module, plan, init_adds: list) -> cst.Module:
+        """The packed q/k/v projection's cut (lines above the attention region, so unmoved)
+        becomes ``.split((self.q_size, self.kv_size, self.kv_size), dim=-1)`` plus views."""
+        from hfcheck.porter.rewrite.dataflow import SplitPlan
+
+        split = plan.split
+        if split is None:
+            return module
+        if not isinstance(split, SplitPlan):
+            state.refuse("HFC813", split.file, f"{plan.cls}.forward", f"line {split.line}: {split.reason}")
+            return module
+        q, k, v = split.names
+        new = [cu.stmt(f"{q}, {k}, {v} = {split.packed_var}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)\n")]
+        for name, layout in zip(split.names, split.views):
+            if layout in ("bshd", "sbhd"):
+                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr})\n"))
+            elif layout == "bhsd":
+                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2)\n"))
+            elif layout == "Bsd":
+                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2).flatten(0, 1)\n"))
+        classdef = cu.top_class(module, plan.cls)
+        func = cu.method(classdef, "forward")
+        replaced = cu.replace_lines(func, split.start_line, split.end_line, new, module)
+        if replaced is None:
+            state.refuse("HFC813", plan.file, f"{plan.cls}.forward", f"lines {split.start_line}-{split.end_line} are not whole statements of one block")
+            return module
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, replaced[0]))
+        for attr, value in (("q_size", split.q_size), ("kv_size", split.kv_size)):
+            if not assigned(index, cls, attr):
+                init_adds.append((attr, value, "end"))
+        rows = "(its rows are [q | k | v]: matched column by column on the recorded run; no weight change)"
+        if split.regroup is not None:
+            state.weight_rules.append({"kind": "regroup_rows", "pattern": rf"^(?:.*\.)?{re.escape(split.packed)}\.(?:weight|bias)$", **split.regroup})
+            rows = (f"(its rows are grouped {'per head' if split.regroup['layout'] == 'head' else 'per key/value group'}, matched column by "
+                    "column on the recorded run; the checkpoint's rows are reordered to [q | k | v])")
+        state.change("HFC813", plan.file, f"{plan.cls}.forward",
+                     f"lines {split.start_line}-{split.end_line}: the cut of self.{split.packed}'s output -> "
+                     f".split((self.q_size, self.kv_size, self.kv_size), dim=-1) {rows}",
+                     "vLLM shards and fuses a packed projection only when it reads this split")
+        return module
+
+    def _per_rank_views(self, state, module: cst.Module, plan) -> cst.Module:
+        """``x.view(b, s, self.num_heads, self.head_dim)`` -> ``x.view(b, s, -1, self.head_dim)`` in the
+        rewritten forward: under tensor parallelism each rank's projection holds only its share of
+        the heads, so a view naming the total count fails ("shape ... is invalid for input of size
+        ..."); transformers' own models write -1 there."""
+        done: list[str] = []
+
+        def swap(node):
+            if not m.matches(node, m.Call(func=m.Attribute(attr=m.Name("view") | m.Name("reshape")))):
+                return None
+            heads = [i for i, a in enumerate(node.args) if cu.is_self_attr(a.value) and a.value.attr.value in HEAD_COUNTS]
+            if len(heads) != 1 or any(cu.code(a.value).strip() == "-1" for a in node.args):
+                return None
+            done.append(cu.code(node.args[heads[0]].value))
+            return node.with_changes(args=[a.with_changes(value=cst.UnaryOperation(cst.Minus(), cst.Integer("1"))) if i == heads[0] else a
+                                           for i, a in enumerate(node.args)])
+
+        classdef = cu.top_class(module, plan.cls)
+        for name in {plan.function, "forward"}:
+            method = cu.method(classdef, name)
+            if method is not None:
+                classdef = cu.replace_in_body(classdef, method, cu.replace_nodes(method, swap))
+        if done:
+            module = cu.replace_top(module, cu.top_class(module, plan.cls), classdef)
+            state.change("HFC501", plan.file, f"{plan.cls}.forward", f"{len(done)} view(s) of the projections take -1 for the head count "
+                         f"({', '.join(sorted(set(done)))})", "under tensor parallelism each rank holds only its share of the heads")
+        return module
+
+    def _module_level(self, state, module: cst.Module, file: str, cls_name: str) -> cst.Module:
+        eager = self._eager_name(module)
+        module = cu.ensure_import(module, "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n", "ALL_ATTENTION_FUNCTIONS")
+        if eager not in cu.bound_names(module):
+            module = cu.ensure_import(module, "import torch\n", "torch")
+            fn = cu.stmt(EAGER.format(name=eager)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            first = next((s.name.value for s in module.body if isinstance(s, cst.ClassDef)), cls_name)
+            module = cu.insert_before_class(module, first, [fn])
+            state.change("HFC801", file, eager, "added the eager fallback of the attention interface (softmax(QK^T)V)",
+                         "get_interface(impl, eager_attention_forward) needs a fallback for attn_implementation='eager'")
+        return module
+
+    def _scaling_attr(self, index, cls, expr: str, init_adds: list) -> str:
+        for attr in ("scaling", "softmax_scale", "attn_scaling"):
+            existing = index.self_assign(cls, attr)
+            if existing is None:
+                init_adds.append((attr, expr, "end"))
+                return f"self.{attr}"
+            if ast.dump(existing[1]) == ast.dump(ast.parse(expr, mode="eval").body):
+                return f"self.{attr}"
+        raise Refused("no free attribute name for the softmax scale")
+
+    def _record_init_adds(self, state, file: str, owner: str, init_adds: list) -> None:
+        for attr, value, _ in init_adds:
+            if attr == "is_causal":
+                state.change("HFC807", file, f"{owner}.__init__", "set self.is_causal = True",
+                             "sdpa and vLLM read is_causal to apply the causal mask; an explicit decoder flag")
+            elif attr == "config":
+                state.change("HFC801", file, f"{owner}.__init__", f"stored self.config = {value}", "the interface is looked up from self.config._attn_implementation")
+            elif attr == "num_key_value_groups":
+                state.change("HFC801", file, f"{owner}.__init__", f"set self.num_key_value_groups = {value}",
+                             "the sdpa and eager backends repeat the key/value heads by it (grouped-query attention)")
+            elif attr in ("q_size", "kv_size"):
+                state.change("HFC813", file, f"{owner}.__init__", f"set self.{attr} = {value}", "the sizes the packed split reads")
+            else:
+                state.change("HFC802", file, f"{owner}.__init__", f"set self.{attr} = {value} (passed as scaling=self.{attr})",
+                             "vLLM resolves scaling= from the source: it must be a number or a self.<attr>")
+
+    # ------------------------------------------------------------------ scaling
+
+    def _scaling(self, index, cls, plan: _Plan, init_adds: list) -> str | None:
+        if plan.scale_kind == "none":
+            return "1.0"  # the original applied no scale at all
+        if plan.scale_kind == "default":
+            if assigned(index, cls, "head_dim"):
+                plan.scale, plan.scale_kind = "self.head_dim**-0.5", "expr"
+            else:
+                return None  # the backends' default, 1/sqrt(head_dim)
+        src = plan.scale
+        node = cu.expr(src)
+        if cu.is_self_attr(node) or isinstance(node, (cst.Integer, cst.Float)):
+            return src
+        names = cu.names_in(node)
+        if names & {plan.q, plan.k}:
+            if re.fullmatch(rf"(math\.sqrt\()?{re.escape(plan.q)}\.(size\(-1\)|shape\[-1\])\)?( \*\* -0\.5)?", src.replace("1 / ", "")):
+                return None
+            raise Refused(f"the softmax scale `{src}` depends on the tensors; compute it in __init__ first")
+        if not names <= {"self", "math", "torch"}:
+            raise Refused(f"the softmax scale `{src}` uses local variables of forward; compute it in __init__ first")
+        return self._scaling_attr(index, cls, src, init_adds)
+
+    # ------------------------------------------------------------------ recognition
+
+    def _recognise(self, body: list[cst.BaseStatement]) -> _Plan:
+        for i, s in enumerate(body):
+            targets, value = cu.assign_of(s)
+            if value is None:
+                continue
+            if isinstance(value, cst.Call) and cu.short(cu.call_name(value)) in ({SDPA} | FLASH) and targets and len(targets) == 1:
+                return self._direct(i, targets[0], value)
+            qk = _qk(value)
+            if qk is not None and targets and len(targets) == 1:
+                return self._hand(body, i, targets[0], *qk)
+        raise Refused("no softmax(QK^T)V span or direct SDPA/flash call among the top-level statements of forward")
+
+    def _direct(self, i: int, out: str, call: cst.Call) -> _Plan:
+        name = cu.short(cu.call_name(call))
+        q, k, v = (cu.arg(call, n, kw) for n, kw in ((0, "query"), (1, "key"), (2, "value")))
+        if q is None or k is None or v is None:
+            raise Refused(f"{name}(...) without query, key and value arguments")
+        if name == SDPA:
+            mask = cu.arg(call, 3, "attn_mask")
+            dropout = cu.arg(call, 4, "dropout_p")
+            causal = cu.arg(call, 5, "is_causal")
+            scale = cu.arg(call, 99, "scale")
+            causal_true = m.matches(causal, TRUE)
+            if mask is None and not causal_true:
+                raise Refused("scaled_dot_product_attention without a mask and without is_causal=True is bidirectional attention")
+            if mask is not None and causal_true:
+                raise Refused("scaled_dot_product_attention with both a mask and is_causal=True")
+            layout, mask_src = "bhsd", (cu.code(mask) if mask is not None else "None")
+        else:
+            dropout = cu.arg(call, 3, "dropout_p")
+            scale = cu.arg(call, 4, "softmax_scale")
+            causal = cu.arg(call, 5, "causal")
+            if not m.matches(causal, TRUE):
+                raise Refused(f"{name}(...) without causal=True (bidirectional or windowed flash attention)")
+            layout, mask_src = "bshd", "None"
+        scale_src = cu.code(scale) if scale is not None and not m.matches(scale, m.Name("None")) else None
+        drop_src = cu.code(dropout) if dropout is not None else None
+        if drop_src is not None and re.fullmatch(r"0(\.0*)?", drop_src):
+            drop_src = None
+        elif drop_src is not None:
+            drop_src = re.sub(r"^\s*(.+?)\s+if\s+self\.training\s+else\s+0(\.0*)?\s*$", r"\1", drop_src)
+        return _Plan(i, i, cu.code(q), cu.code(k), cu.code(v), out, None, mask_src, scale_src, "expr" if scale_src else "default",
+                     drop_src, layout, f"the direct {name}(...) call")
+
+    def _hand(self, body, start: int, weights: str, q: str, k: str, scale) -> _Plan:
+        derived = {weights}
+        mask: str | None = None
+        scale_src, scale_kind = _scale_src(scale)
+        dropout = None
+        softmax = False
+        for j in range(start + 1, len(body)):
+            s = body[j]
+            targets, value = cu.assign_of(s)
+            if isinstance(s, cst.If):
+                mask = self._mask_if(s, derived, mask)
+                continue
+            if targets is None or len(targets) != 1 or value is None:
+                raise Refused(f"unrecognised step between QK^T and the value product: `{cu.code(s).strip()}`")
+            target = targets[0]
+            mm = _matmul(value)
+            if mm is not None and isinstance(mm[0], cst.Name) and mm[0].value in derived:
+                if not softmax:
+                    raise Refused("no softmax between QK^T and the value product")
+                if mask is None:
+                    raise Refused("the hand-written attention applies no mask; the interface would make it causal")
+                return _Plan(start, j, q, k, cu.code(mm[1]), target, weights, mask,
+                             scale_src, scale_kind, dropout, "bhsd", "softmax(QK^T)V written by hand")
+            step = _step(value, derived)
+            if step is None:
+                raise Refused(f"unrecognised step between QK^T and the value product: `{cu.code(s).strip()}`")
+            kind, detail = step
+            if kind == "softmax":
+                softmax = True
+            elif kind == "dropout":
+                dropout = detail
+            elif kind == "mask":
+                if mask is not None and mask != detail:
+                    raise Refused("two different masks are added")
+                mask = detail
+            elif kind in ("div", "mul"):
+                if scale_kind != "none":
+                    raise Refused("the scores are scaled twice")
+                scale_src, scale_kind = _scale_src((kind, detail))
+            derived.add(target)
+        raise Refused("no value product (W @ V) after the softmax")
+
+    def _mask_if(self, s: cst.If, derived: set[str], mask: str | None) -> str | None:
+        body = cu.body_of(s)
+        if body and all(m.matches(b, m.SimpleStatementLine(body=[m.Raise()])) for b in body) and s.orelse is None:
+            return mask  # a shape check
+        test = s.test
+        if not m.matches(test, NAME_IS_NOT_NONE) or s.orelse is not None:
+            raise Refused(f"unrecognised condition between QK^T and the value product: `if {cu.code(test)}:`")
+        name = test.left.value
+        aliases = {name}
+        for b in body:
+            targets, value = cu.assign_of(b)
+            if targets is None or len(targets) != 1:
+                raise Refused(f"unrecognised step in the mask branch: `{cu.code(b).strip()}`")
+            base = _base_name(value)
+            if base in aliases and targets[0] not in derived:
+                aliases.add(targets[0])
+                continue
+            step = _step(value, derived)
+            if step is None or step[0] != "mask" or step[1] not in aliases:
+                raise Refused(f"unrecognised step in the mask branch: `{cu.code(b).strip()}`")
+            derived.add(targets[0])
+        if mask is not None and mask != name:
+            raise Refused("two different masks are added")
+        return name
+
+    # ------------------------------------------------------------------ helpers
+
+    def _eager_name(self, module: cst.Module) -> str:
+        for s in module.body:
+            if m.matches(s, m.FunctionDef(name=m.Name("eager_attention_forward"))):
+                params = cu.param_names(s)
+                return "eager_attention_forward" if len(params) >= 5 else "_eager_attention_forward_port"
+        return "eager_attention_forward"
+
+    def _select_directly(self, state, ported: set[str]) -> None:
+        """``ATTENTION_CLASSES[config._attn_implementation](config)`` -> the eager class: vLLM sets
+        ``_attn_implementation = "vllm"``, which no such table has."""
+        for file in list(state.files):
+            module = parse(state, file)
+            tables: dict[str, str] = {}
+            for s in module.body:
+                targets, value = cu.assign_of(s)
+                if targets and len(targets) == 1 and isinstance(value, cst.Dict) and value.elements:
+                    entries = {}
+                    for el in value.elements:
+                        if m.matches(el, m.DictElement(key=m.SimpleString(), value=m.Name())):
+                            entries[el.key.evaluated_value] = el.value.value
+                    if entries and set(entries.values()) & ported and len(entries) == len(value.elements):
+                        tables[targets[0]] = entries.get("eager") or next(iter(entries.values()))
+            if not tables:
+                continue
+            changed: list[tuple[str, str]] = []
+
+            def swap(node):
+                if m.matches(node, m.Subscript(value=m.Name(m.MatchIfTrue(lambda name: name in tables)))) and "_attn_implementation" in cu.code(node.slice[0]):
+                    changed.append((node.value.value, tables[node.value.value]))
+                    return cst.Name(tables[node.value.value])
+                return None
+
+            module = cu.replace_nodes(module, swap)
+            if changed:
+                save(state, file, module)
+                for table, cls in sorted(set(changed)):
+                    state.change("HFC801", file, table, f"builds {cls} directly instead of looking it up in {table}[config._attn_implementation]",
+                                 f"vLLM sets _attn_implementation='vllm', which is not a key of {table}; every backend now goes through the interface")
+
+
+def _builds(tree: ast.Module, name_node: ast.Name, cls_name: str) -> bool:
+    """Is this use of the class name its definition's own name, or ``self.x = Cls(...)``?"""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.func is name_node
+                and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------- expression patterns
+
+
+def _matmul(e: cst.BaseExpression):
+    if isinstance(e, cst.BinaryOperation) and isinstance(e.operator, cst.MatrixMultiply):
+        return e.left, e.right
+    if isinstance(e, cst.Call) and cu.short(cu.call_name(e)) in ("matmul", "bmm"):
+        positional = [a.value for a in e.args if a.keyword is None and not a.star]
+        head = (cu.dotted(e.func) or "").split(".")[0]
+        if len(positional) == 2 and head in ("torch", "th"):
+            return positional[0], positional[1]
+        if len(positional) == 1 and isinstance(e.func, cst.Attribute):
+            return e.func.value, positional[0]
+    return None
+
+
+_LAST_TWO = {("2", "3"), ("3", "2"), ("-1", "-2"), ("-2", "-1")}
+
+
+def _transposed(e: cst.BaseExpression) -> str | None:
+    while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value == "contiguous":
+        e = e.func.value
+    if isinstance(e, cst.Attribute) and e.attr.value == "mT" and isinstance(e.value, cst.Name):
+        return e.value.value
+    if isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and isinstance(e.func.value, cst.Name):
+        args = tuple(cu.code(a.value).replace(" ", "") for a in e.args)
+        if e.func.attr.value == "transpose" and args in _LAST_TWO:
+            return e.func.value.value
+        if e.func.attr.value == "permute" and args == ("0", "1", "3", "2"):
+            return e.func.value.value
+    return None
+
+
+def _qk(value: cst.BaseExpression):
+    scale = None
+    mm = _matmul(value)
+    if mm is None and isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Divide, cst.Multiply)):
+        kind = "div" if isinstance(value.operator, cst.Divide) else "mul"
+        mm, other = _matmul(value.left), value.right
+        if mm is None and kind == "mul":
+            mm, other = _matmul(value.right), value.left
+        if mm is None:
+            return None
+        scale = (kind, other)
+    if mm is None or not isinstance(mm[0], cst.Name):
+        return None
+    k = _transposed(mm[1])
+    if k is None:
+        return None
+    return mm[0].value, k, scale
+
+
+def _scale_src(scale) -> tuple[str | None, str]:
+    """(source of the multiplier, kind): kind "none" (no scale), "expr"."""
+    if scale is None:
+        return None, "none"
+    kind, node = scale
+    if kind == "mul":
+        return cu.code(node), "expr"
+    if isinstance(node, cst.Call) and cu.short(cu.call_name(node)) == "sqrt" and len(node.args) == 1:
+        inner = node.args[0].value
+        text = cu.code(inner)
+        if not isinstance(inner, (cst.Name, cst.Attribute, cst.Integer, cst.Float)):
+            text = f"({text})"
+        return f"{text}**-0.5", "expr"
+    text = cu.code(node)
+    if not isinstance(node, (cst.Name, cst.Attribute, cst.Integer, cst.Float)):
+        text = f"({text})"
+    return f"1 / {text}", "expr"
+
+
+def _unwrap_casts(e: cst.BaseExpression) -> cst.BaseExpression:
+    while isinstance(e, cst.Call) and isinstance(e.func, cst.Attribute) and e.func.attr.value in CASTS:
+        e = e.func.value
+    return e
+
+
+def _base_name(e) -> str | None:
+    while isinstance(e, cst.Subscript):
+        e = e.value
+    return e.value if isinstance(e, cst.Name) else None
+
+
+def _step(value: cst.BaseExpression, derived: set[str]):
+    """Classify one assignment of the score tensor: (kind, detail) or None."""
+    e = _unwrap_casts(value)
+    if isinstance(e, cst.Name) and e.value in derived:
+        return "cast", None
+    if isinstance(e, cst.Call):
+        name = cu.short(cu.call_name(e))
+        positional = [a.value for a in e.args if a.keyword is None and not a.star]
+        receiver = e.func.value if isinstance(e.func, cst.Attribute) else None
+        first = positional[0] if positional else None
+        subject = first if (first is not None and isinstance(first, cst.Name) and first.value in derived) else receiver
+        if not (isinstance(subject, cst.Name) and subject.value in derived):
+            return None
+        if name == "softmax":
+            dim = cu.arg(e, 1 if subject is first else 0, "dim")
+            if dim is not None and cu.code(dim).replace(" ", "") not in ("-1", "3"):
+                return None
+            return "softmax", None
+        if name == "dropout":
+            if cu.is_self_attr(e.func):  # self.attn_dropout(W): an nn.Dropout module
+                return "dropout", f"{cu.code(e.func)}.p"
+            p = cu.arg(e, 1, "p")
+            training = cu.arg(e, 2, "training")
+            p_src = cu.code(p) if p is not None else "0.5"
+            if training is None and not re.fullmatch(r"0(\.0*)?", p_src):
+                return None
+            return "dropout", None if re.fullmatch(r"0(\.0*)?", p_src) else p_src
+        if cu.is_self_attr(e.func) and "drop" in e.func.attr.value.lower():
+            return "dropout", f"{cu.code(e.func)}.p"
+        return None
+    if isinstance(e, cst.BinaryOperation) and isinstance(e.left, cst.Name) and e.left.value in derived:
+        if derived & cu.names_in(e.right):
+            return None
+        if isinstance(e.operator, cst.Add):
+            base = _base_name(e.right)  # an additive mask; any other additive bias (ALiBi, ...) is refused
+            return ("mask", base) if base is not None and "mask" in base.lower() else None
+        if isinstance(e.operator, cst.Divide):
+            return "div", e.right
+        if isinstance(e.operator, cst.Multiply):
+            return "mul", e.right
+    return None
+
+
+def _drop_transpose(s: cst.BaseStatement, out: str) -> cst.BaseStatement | None:
+    """``s`` with its ``out.transpose(1, 2)`` replaced by ``out``, when that is the statement's
+    only use of ``out``; else None."""
+    targets, value = cu.assign_of(s)
+    if cu.count_name(value if value is not None else s, out) != 1:
+        return None
+    done = []
+
+    def swap(node):
+        if done or not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return None
+        if node.func.attr.value == "transpose" and isinstance(node.func.value, cst.Name) and node.func.value.value == out:
+            args = tuple(cu.code(a.value).replace(" ", "") for a in node.args)
+            if args in (("1", "2"), ("2", "1")):
+                done.append(True)
+                return cst.Name(out)
+        return None
+
+    new = cu.replace_nodes(s, swap)
+    return new if done else None

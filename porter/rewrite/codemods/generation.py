@@ -1,0 +1,106 @@
+"""HFC811 (a v4 behaviour gone in v5): ``generate`` on the model classes that produce logits.
+
+Until transformers 4.50 every ``PreTrainedModel`` inherited ``GenerationMixin``; in v5 a class
+has ``generate`` only when it lists ``GenerationMixin`` among its bases itself. Remote code of
+the 4.x era relies on the old inheritance, so its ``*ForCausalLM`` / ``*LMHeadModel`` classes
+lose ``generate`` (``AttributeError: ... has no attribute 'generate'``). The codemod adds the
+base, as transformers' own classes do: ``class XForCausalLM(XPreTrainedModel, GenerationMixin)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import libcst as cst
+
+from hfcheck.porter.rewrite import cstutil as cu
+from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
+
+HEADS = re.compile(r"(ForCausalLM|LMHeadModel|ForConditionalGeneration)$")
+
+
+class GenerationBase(Codemod):
+    name = "generation-mixin"
+    codes = ("HFC811",)
+
+    def apply(self, state) -> None:
+        index = state.index()
+        for cls in index.classes:
+            if not HEADS.search(cls.name) or not any(index.is_pretrained_model(c) for c in index.mro(cls)):
+                continue
+            if any(b.rpartition(".")[2] == "GenerationMixin" for c in index.mro(cls) for b in c.bases):
+                continue
+            module = parse(state, cls.file)
+            node = cu.top_class(module, cls.name)
+            if node is None:
+                continue
+            bases = [*node.bases, cst.Arg(cst.Name("GenerationMixin"))]
+            module = cu.replace_top(module, node, node.with_changes(bases=bases))
+            module = cu.ensure_import(module, "from transformers.generation import GenerationMixin\n", "GenerationMixin")
+            save(state, cls.file, module)
+            state.change("HFC811", cls.file, cls.name, "added GenerationMixin to the bases",
+                         "transformers 5 gives generate() only to classes that inherit GenerationMixin themselves (4.x gave it to every PreTrainedModel)")
+
+
+SHIM = "legacy_past_key_values"
+SHIM_DEF = '''def {name}(past):
+    """transformers 5's generate hands the model an empty Cache object where 4.x passed None; this
+    model keeps its KV cache as the tuples it returns (added by hfcheck port)."""
+    if past is None or isinstance(past, (tuple, list)):
+        return past
+    if past.get_seq_length() == 0:
+        return None
+    raise ValueError("this model keeps its KV cache as tuples: pass back the past_key_values it returned")
+'''
+
+
+class TupleCache(Codemod):
+    """HFC811: a forward that indexes ``past_key_values`` as 4.x tuples (``past_key_values[0][0]``)
+    receives a ``DynamicCache`` from transformers 5's generate on its first step and fails
+    ("'DynamicCache' object is not subscriptable"); its ``prepare_inputs_for_generation`` reads
+    the (non-empty-looking) cache as "past tokens exist" and cuts the prompt to its last token.
+    Their first statement now maps that empty cache to None, so the code's own tuple cache starts
+    as in 4.x and generate carries the tuples it returns. vLLM passes no cache; nothing changes there."""
+
+    name = "tuple-cache"
+    codes = ("HFC811",)
+
+    def apply(self, state) -> None:
+        index = state.index()
+        for file, text in list(state.files.items()):
+            if "past_key_values[" not in text:
+                continue
+            targets = []  # (class, method): forwards that index the tuples, and the generation hook that tests them for truth
+            for cls in index.files[file].classes.values():
+                forward = cls.methods.get("forward")
+                if forward is not None and "past_key_values" in [a.arg for a in forward.args.args + forward.args.kwonlyargs] and any(
+                        isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "past_key_values"
+                        for n in ast.walk(forward)):
+                    targets.append((cls.name, "forward"))
+                prep = cls.methods.get("prepare_inputs_for_generation")
+                if prep is not None and "past_key_values" in [a.arg for a in prep.args.args + prep.args.kwonlyargs]:
+                    targets.append((cls.name, "prepare_inputs_for_generation"))
+            if not any(method == "forward" for _, method in targets):
+                continue
+            module = parse(state, file)
+            for name, method in targets:
+                def add_first(func: cst.FunctionDef) -> cst.FunctionDef:
+                    body = cu.body_of(func)
+                    at = 1 if body and cu.code(body[0]).lstrip().startswith(('"""', "'''", 'r"""')) else 0
+                    body.insert(at, cu.stmt(f"past_key_values = {SHIM}(past_key_values)  # a transformers 5 Cache -> this code's tuples\n"))
+                    kw = cu.star_kwargs(func)
+                    if func.name.value == "prepare_inputs_for_generation" and kw and f'{kw}.get("position_ids"' in cu.code(func):
+                        # 4.x's generate passed no position_ids; v5's (the prompt's, never cut) would override the ones this code derives
+                        body.insert(at + 1, cu.stmt(f'{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n'))
+                    return cu.with_body(func, body)
+
+                module = cu.edit_class(module, name, lambda c, m=method: cu.edit_method(c, m, add_first))
+            if SHIM not in cu.bound_names(module):
+                fn = cu.stmt(SHIM_DEF.format(name=SHIM)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+                first = next(s.name.value for s in module.body if isinstance(s, cst.ClassDef))
+                module = cu.insert_before_class(module, first, [fn])
+            save(state, file, module)
+            for name, method in targets:
+                state.change("HFC811", file, f"{name}.{method}", f"maps the empty Cache transformers 5's generate passes to None ({SHIM})",
+                             "4.x-era code indexes past_key_values as tuples (and tests it for truth); v5's generate starts it as a DynamicCache")
