@@ -196,6 +196,11 @@ def test_the_house_has_a_floor_per_folder_in_the_order_the_data_flows():
     assert floor["hfcheck"] == max(floor.values())
 
 
+def test_the_architecture_document_draws_the_house_the_code_draws():
+    """docs/architecture.md shows the floors; a move that changes them changes the drawing too."""
+    assert draw_house() in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
 def draw_house() -> str:
     """The house as the code draws it, highest floor first (``python tests/test_layout.py``)."""
     floor = floors()

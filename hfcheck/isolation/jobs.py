@@ -4,7 +4,7 @@
 runs hfcheck's code (the port's proofs in hfcheck's interpreter; the runtime batches and serve's
 reference run in vLLM's environment, where hfcheck is installed); the reference child runs in a
 transformers release without hfcheck and reads the same two files by hand. The remote-code
-sandbox returns its observations as a pickle of allowed classes instead (``remote/sandbox.py``)."""
+sandbox returns its observations as a pickle of allowed classes instead (``analyzer/analysis/sandbox.py``)."""
 
 from __future__ import annotations
 
