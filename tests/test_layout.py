@@ -357,5 +357,14 @@ def test_every_module_is_in_a_package_the_wheel_ships():
     assert orphans == []
 
 
+def test_an_analysis_environment_carries_every_top_level_folder():
+    """An analysis environment (another transformers release) imports hfcheck from this checkout
+    by the packages ANALYSIS_PACKAGES names: a top-level folder missing there fails only in it."""
+    from hfcheck.shared.environments import ANALYSIS_PACKAGES
+
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    assert sorted(ANALYSIS_PACKAGES) == sorted(mapping)
+
+
 if __name__ == "__main__":
     print(draw_house())

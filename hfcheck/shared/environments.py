@@ -339,8 +339,9 @@ def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tup
 
 # --- the analysis environment of a prediction target ---------------------------------------
 
-ANALYSIS_PACKAGES = ("hfcheck", "hfcheck.analyzer", "hfcheck.porter", "hfcheck.runtime", "hfcheck.tui", "hfcheck.verify")
-"""The packages that make up hfcheck (the card's top-level folders ship as subpackages)."""
+ANALYSIS_PACKAGES = ("hfcheck", "hfcheck.analyzer", "hfcheck.porter", "hfcheck.runtime", "hfcheck.sweep", "hfcheck.tui", "hfcheck.verify")
+"""The packages that make up hfcheck (the card's top-level folders ship as subpackages; a test
+holds them equal to pyproject's ``package-dir``)."""
 OPTIONAL_IN_ANALYSIS = ("textual",)
 """Packages hfcheck's commands use when present (the dashboard): carried into an analysis
 environment at the installed version."""
