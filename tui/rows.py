@@ -147,6 +147,28 @@ def cells(entry: Entry) -> dict[str, str]:
 
 # ------------------------------------------------------------------------ sort, filter
 
+
+@dataclass(frozen=True)
+class Filter:
+    """Which rows the view shows: those of ``verdict`` (None: any) whose text holds ``text``.
+
+    One value for both filters, so a widget that owns them changes them together (clearing
+    both is one change, one redraw) and hands them on whole in one message.
+    """
+
+    verdict: str | None = None
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Sort:
+    """The view's order: by ``column`` (one of ``SORTS``), reversed or not; one value for the
+    same reason as ``Filter``: a click on another header sets both at once."""
+
+    column: str = SORTS[0]
+    reverse: bool = False
+
+
 _VERDICT_RANK = {v: i for i, v in enumerate((*VERDICTS, ERROR, SCANNING, QUEUED, CANCELLED))}
 
 

@@ -32,12 +32,10 @@ async def shoot(refs: list[str], select: str | None, size: tuple[int, int], time
             await pilot.pause(0.2)
         await pilot.pause(0.3)
         if select:
-            from textual.widgets import DataTable
-
-            app.query_one(DataTable).move_cursor(row=[e.key for e in app.visible_entries()].index(select), animate=False)
+            app.table.move_cursor(row=app.table.shown_keys.index(select), animate=False)
             await pilot.pause(0.3)
         if scroll:
-            app.query_one("#detail-pane").scroll_to(y=scroll, animate=False)
+            app.detail.scroll_to(y=scroll, animate=False)
             await pilot.pause(0.2)
         return app.export_screenshot()
 
