@@ -9,7 +9,7 @@
    transformers release it declares, in a cached environment, at a shrunk size, with seeded
    random weights. The original is never patched to run; if it does not run there, the port
    stops and says where (file:line).
-3. Retarget (``retarget_path``): when a native transformers class reproduces the original's
+3. Retarget (``retarget.stage``): when a native transformers class reproduces the original's
    logits and vLLM serves that class, write a native model folder (no remote code left).
 4. Otherwise rewrite in place (``codemods``), unless the original computes something vLLM's
    transformers backend cannot keep (ALiBi: refused, naming the construct at file:line).

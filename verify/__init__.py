@@ -4,8 +4,8 @@ The analyzer predicts, ``verify`` proves, ``porter`` changes a model: three top-
 (``analyzer/``, ``verify/``, ``porter/``), shipped as ``hfcheck.analyzer``, ``hfcheck.verify``
 and ``hfcheck.porter``. What vLLM does is written once, in the analyzer, and imported here: the
 forward rewrite (each fusion pattern's ``rewrite``, ``analyzer.fusions.detect.fused_forward``),
-the ``recursive_replace`` walk (``analyzer.graph.observe``: ``fusion.find_sites`` reads its
-observations) and the verdict (``analyzer.verdict``: ``cli.attach_proofs``). This package adds
+the ``recursive_replace`` walk (``analyzer.analysis.observe``: ``fusion.find_sites`` reads its
+observations) and the verdict (``analyzer.report.verdict``: ``cli.attach_proofs``). This package adds
 only the applying, the sharding and the comparing.
 
 - ``fusion``: apply each predicted fusion the way vLLM does (forward rewritten with ``ast``,

@@ -81,7 +81,7 @@ def fusion_context(subject: Subject, facts, tp_size: int = 1):
 
 def find_sites(model: nn.Module, ctx) -> list[Site]:
     """The fusions vLLM would apply to ``model``: scan's own ``recursive_replace`` walk
-    (``analyzer.graph.observe``) on this instance, read back as sites to apply."""
+    (``analyzer.analysis.observe``) on this instance, read back as sites to apply."""
     from hfcheck.analyzer.analysis.observe import observe
 
     observations = observe(model, ctx)

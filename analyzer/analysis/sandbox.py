@@ -14,7 +14,7 @@ The child, *before* any remote code is imported:
   outside the temporary folder;
 - then loads the config and model classes with ``trust_remote_code=True`` from the folder,
   builds the structural instance on the meta device (``instance.build_structural``) and
-  runs ``graph.observe.observe`` on it, exactly as for a native model.
+  runs ``analysis.observe.observe`` on it, exactly as for a native model.
 
 It writes a pickle of plain data (facts, observations, a parameter-shape skeleton of the
 module tree, the class flags vLLM's gate reads, and what it blocked) into the folder. The
@@ -60,7 +60,7 @@ class SandboxResult:
     blocked: list[str] = field(default_factory=list)
     """Operations the child refused (network, processes, writes outside its folder)."""
     facts: Any = None  # ModelFacts read from the remote config object
-    observations: Any = None  # graph.observe.Observations
+    observations: Any = None  # analysis.observe.Observations
     instance: Any = None  # instance.TinyInstance whose model is a meta-device skeleton
     class_facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     """auto_map key -> {"class", "supports_attention_backend", "source_gate"} (vLLM's gate)."""

@@ -1,7 +1,7 @@
 """The patterns, in vLLM's priority order. A new pattern is one file and one line here.
 
 vLLM's MoE block fuser is a pattern too (``moe.MoEBlockFusion``), matched on blocks holding
-experts where the walk meets them (``graph.observe``), not here: vLLM runs it apart from
+experts where the walk meets them (``analysis.observe``), not here: vLLM runs it apart from
 ``get_fusers``, whose lists these are (the cross-check compares them)."""
 
 from __future__ import annotations
