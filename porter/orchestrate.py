@@ -29,7 +29,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +46,14 @@ from hfcheck.analyzer.vllm.registry import vllm_has_native
 from hfcheck.porter.output import weights as W
 from hfcheck.porter.output.lint import lint_port
 from hfcheck.porter.output.render import render_markdown
-from hfcheck.porter.output.served import how_served
+from hfcheck.porter.output.served import Served, how_served
 from hfcheck.porter.output.weights import INDEX_NAME
 from hfcheck.porter.reference.establish import Reference, ReferenceError, establish
 from hfcheck.porter.reference.realweights import prove_real_weights
 from hfcheck.porter.retarget.anatomy import AnatomyError
 from hfcheck.porter.retarget.stage import (
+    ExtraChecks,
+    NativeFolder,
     extra_checks,
     find_retarget,
     full_native_config,
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from hfcheck.analyzer.facts import ModelFacts
     from hfcheck.analyzer.sources import ModelSource
     from hfcheck.porter.retarget.stage import RetargetOutcome
+    from hfcheck.porter.retarget.targets import Hypothesis
     from hfcheck.porter.rewrite.state import PortState
 
 STATUS_RANK = {"fail": 4, "warn": 3, "inconclusive": 2, "info": 1, "pass": 0}
@@ -117,55 +120,237 @@ class PortResult:
         return out
 
 
+@dataclass(frozen=True)
+class PortOptions:
+    """``port``'s keyword arguments, as the stages receive them: how far to go and how long to wait."""
+
+    prove: bool = True
+    rescan: bool = True
+    force: bool = False
+    proof_timeout: float = 300.0
+    shard_bytes: int | None = None
+    reference_transformers: str | None = None
+    path: str = "auto"
+    log: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Where the port ended and why: PortResult's status and message."""
+
+    status: str
+    message: str
+
+
+@dataclass(frozen=True)
+class NativeCheck:
+    """Whether vLLM's own class of the architecture computes the model (``served_natively``); fits None: vLLM has no such class."""
+
+    fits: bool | None = None
+    why: str = ""
+
+    def model_facts(self) -> dict[str, Any]:
+        if self.fits is None:
+            return {}
+        return {"vllm_native": self.fits} if self.fits else {"vllm_native": False, "vllm_native_mismatch": self.why}
+
+
+@dataclass(frozen=True)
+class ReferenceStage:
+    """The original's run in its own release; reference None or refusal set: nothing can be proven against it."""
+
+    reference: Reference | None
+    summary: dict[str, Any] | None = None
+    seconds: float | None = None
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class SearchStage:
+    """The retarget search (None for --path rewrite) and its record."""
+
+    outcome: RetargetOutcome | None
+    record: dict[str, Any]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RetargetStage:
+    """The native folder written (or why not) and what was proven and served; record None: the search's record stands."""
+
+    verdict: Verdict
+    record: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+    proof: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None
+    files: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A construct the transformers backend cannot keep (ALiBi), where it is and where the dataflow sees it."""
+
+    message: str
+    not_ported: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class RewriteStage:
+    """The codemods' work on the recorded state: what changed and what they could not rewrite."""
+
+    state: PortState
+    changed: frozenset[str]
+    not_ported: list[dict[str, Any]]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PortedCode:
+    """What the rewritten output declares: its auto_map, the config defaults, its config.json and the changes (with the findings they fix)."""
+
+    auto_map: dict[str, Any]
+    defaults: dict[str, Any]
+    config: dict[str, Any]
+    changes: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class WriteStage:
+    """The rewritten folder's files and its checkpoint conversion; failure: why the checkpoint could not be converted."""
+
+    files: list[str]
+    weights: dict[str, Any] | None = None
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class ProofStage:
+    """The rewrite against the original's run (and on the converted checkpoint); failure: what it does not reproduce."""
+
+    proof: dict[str, Any]
+    seconds: float
+    failure: str | None = None
+
+
+@dataclass(frozen=True)
+class ServedStage:
+    """The output's re-scan and how vLLM serves it."""
+
+    rescan: list[dict[str, Any]]
+    served: Served
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PortStages:
+    """What the stages returned, up to where the port ended; ``assemble`` makes the PortResult of it."""
+
+    src: str
+    out: str | None
+    model: dict[str, Any]
+    verdict: Verdict
+    path: str = "none"
+    native: NativeCheck = NativeCheck()
+    reference: ReferenceStage | None = None
+    search: SearchStage | None = None
+    retarget: RetargetStage | None = None
+    refusal: Refusal | None = None
+    rewrite: RewriteStage | None = None
+    code: PortedCode | None = None
+    written: WriteStage | None = None
+    proof: ProofStage | None = None
+    served: ServedStage | None = None
+    total: float | None = None
+    lint: dict[str, Any] | None = None
+
+
+def assemble(stages: PortStages) -> PortResult:
+    """The PortResult of the stages' results: the one place its fields are filled."""
+    s = stages
+    seconds: dict[str, float] = {}
+    if s.reference is not None and s.reference.seconds is not None:
+        seconds["reference"] = s.reference.seconds
+    if s.search is not None:
+        seconds["retarget_search"] = s.search.seconds
+    if s.retarget is not None:
+        seconds.update(s.retarget.seconds)
+    if s.rewrite is not None:
+        seconds["rewrite"] = s.rewrite.seconds
+    if s.proof is not None:
+        seconds["proof"] = s.proof.seconds
+    if s.served is not None:
+        seconds["rescan"] = s.served.seconds
+    if s.total is not None:
+        seconds["total"] = s.total
+    retarget = s.search.record if s.search is not None else None
+    if s.retarget is not None and s.retarget.record is not None:
+        retarget = s.retarget.record
+    not_ported = s.refusal.not_ported if s.refusal is not None else (s.rewrite.not_ported if s.rewrite is not None else [])
+    if s.retarget is not None:
+        weights, proof, served, files = s.retarget.weights, s.retarget.proof, s.retarget.served, list(s.retarget.files)
+    else:
+        weights = s.written.weights if s.written is not None else None
+        proof = s.proof.proof if s.proof is not None else None
+        served = s.served.served.to_dict() if s.served is not None else None
+        files = list(s.written.files) if s.written is not None else []
+    return PortResult(
+        s.verdict.status, s.verdict.message, s.src, s.out, {**s.model, **s.native.model_facts()}, path=s.path,
+        reference=s.reference.summary if s.reference is not None else None, retarget=retarget, served=served,
+        changes=s.code.changes if s.code is not None else [], not_ported=not_ported, weights=weights, proof=proof,
+        rescan=s.served.rescan if s.served is not None else [], files=files, seconds=seconds, lint=s.lint,
+    )
+
+
 def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan: bool = True, force: bool = False,
          proof_timeout: float = 300.0, shard_bytes: int | None = None, reference_transformers: str | None = None,
          path: str = "auto", log: Callable[[str], None] | None = None) -> PortResult:
     """Port ``src`` into ``out`` by the steps the module docstring lists; PortError when hfcheck itself cannot run."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    options = PortOptions(prove, rescan, force, proof_timeout, shard_bytes, reference_transformers, path, log)
 
     t0 = time.perf_counter()
     source, facts = _open_source(src)
     model = {"model_type": facts.model_type, "architectures": facts.architectures, "remote_code": has_remote_code(source)}
-    result = PortResult("refused", "", src, str(out) if out is not None else None, model)
+    begun = PortStages(src, str(out) if out is not None else None, model, Verdict("refused", ""))
     if out is not None:  # the proofs run in children with other working directories: the folder by its full path
         out = Path(out).expanduser().resolve()
 
     # ------------------------------------------------------------------ refuse early, or native
     reason = _model_refusal(facts, source, static_findings)  # called here, not in a helper: a defect is named by the porter function it surfaced in (porter/cli.py)
     if reason:
-        result.message, result.path = reason, "refused"
-        return result
+        return assemble(replace(begun, verdict=Verdict("refused", reason), path="refused"))
     if not has_remote_code(source):
-        result.status, result.message = "nothing_to_port", _native_transformers_message(facts, source)
-        return result
-    if _served_as_it_is(result, facts, source, path):
-        return result
-    out_dir = _output_folder(src, source, out, force)
+        return assemble(replace(begun, verdict=Verdict("nothing_to_port", _native_transformers_message(facts, source))))
+    native = _native_check(facts, source)
+    begun = replace(begun, native=native)
+    if native.fits and options.path == "auto":
+        return assemble(replace(begun, verdict=_served_as_it_is(src, native), path="native"))
+    out_dir = _output_folder(src, source, out, options.force)
 
     # ------------------------------------------------------------------ reference run
-    reference = _run_the_original(result, source, t0, override=reference_transformers, timeout=proof_timeout, log=log)
-    if reference is None:
-        return result
+    ran = _run_the_original(src, source, t0, options)
+    if ran.reference is None or ran.refusal is not None:
+        return assemble(replace(begun, verdict=Verdict("refused", ran.refusal or ""), path="refused", reference=ran))
+    reference = ran.reference
+    begun = replace(begun, reference=ran)
 
     # ------------------------------------------------------------------ retarget
-    outcome = _search_retarget(result, reference, path)
+    searched = _search_retarget(reference, options.path)
+    begun = replace(begun, search=searched)
+    outcome = searched.outcome
     if outcome is not None and outcome.found is not None:
-        _port_by_retarget(result, outcome, reference, source, out_dir, shard_bytes=shard_bytes, prove=prove)
-        result.seconds["total"] = round(time.perf_counter() - t0, 2)
-        _write_reports(result, None, source, None, out_dir)
-        return result
+        retargeted = _port_by_retarget(outcome, reference, source, out_dir, options)
+        ended = replace(begun, verdict=retargeted.verdict, path="retarget", retarget=retargeted, total=round(time.perf_counter() - t0, 2))
+        return _write_reports(ended, None, source, None, out_dir)
 
     # ------------------------------------------------------------------ rewrite, or refuse
     bias = position_bias(reference, source)
     if bias:
-        _refuse_alibi(result, bias, reference, source, outcome)
-        result.seconds["total"] = round(time.perf_counter() - t0, 2)
-        return result
-    written = _port_by_rewrite(result, reference, source, out_dir, prove=prove, rescan=rescan, shard_bytes=shard_bytes, proof_timeout=proof_timeout)
-    result.seconds["total"] = round(time.perf_counter() - t0, 2)
-    if written is not None:
-        _write_reports(result, written[0], source, written[1], out_dir)
-    return result
+        refusal = _refuse_alibi(bias, reference, source, outcome)
+        return assemble(replace(begun, verdict=Verdict("refused", refusal.message), path="refused", refusal=refusal,
+                                total=round(time.perf_counter() - t0, 2)))
+    return _port_by_rewrite(begun, reference, source, out_dir, options, t0)
 
 
 def _open_source(src: str) -> tuple[ModelSource, ModelFacts]:
@@ -194,22 +379,16 @@ def _native_transformers_message(facts: ModelFacts, source: ModelSource) -> str:
             f"(hfcheck scan: {report['verdict']}, {report['score']}/100)")
 
 
-def _served_as_it_is(result: PortResult, facts: ModelFacts, source: ModelSource, path: str) -> bool:
-    """Record whether vLLM's native class fits the model; True (result said) when that answers an --path auto port."""
+def _native_check(facts: ModelFacts, source: ModelSource) -> NativeCheck:
+    """Whether vLLM's native class fits the model (recorded in the result's model facts)."""
     native = served_natively(facts, source)
-    if native is None:
-        return False
-    fits, why = native
-    result.model["vllm_native"] = fits
-    if not fits:
-        result.model["vllm_native_mismatch"] = why
-        return False
-    if path != "auto":
-        return False
-    result.status, result.path = "served_natively", "native"
-    result.message = (f"{why}: `vllm serve {result.src} --trust-remote-code` runs it as it is, so nothing was ported or written; "
-                      "--path backend ports it for the transformers backend anyway (--path rewrite: in place)")
-    return True
+    return NativeCheck() if native is None else NativeCheck(*native)
+
+
+def _served_as_it_is(src: str, native: NativeCheck) -> Verdict:
+    """The answer of an --path auto port of a model vLLM's native class fits: nothing to write."""
+    return Verdict("served_natively", f"{native.why}: `vllm serve {src} --trust-remote-code` runs it as it is, so nothing was ported or written; "
+                   "--path backend ports it for the transformers backend anyway (--path rewrite: in place)")
 
 
 def _output_folder(src: str, source: ModelSource, out: Path | None, force: bool) -> Path:
@@ -226,52 +405,46 @@ def _output_folder(src: str, source: ModelSource, out: Path | None, force: bool)
     return out_dir
 
 
-def _run_the_original(result: PortResult, source: ModelSource, t0: float, *, override: str | None, timeout: float,
-                      log: Callable[[str], None] | None) -> Reference | None:
-    """The original's run in its own release, what every proof compares against; None (result refused) when there is none."""
+def _run_the_original(src: str, source: ModelSource, t0: float, options: PortOptions) -> ReferenceStage:
+    """The original's run in its own release, what every proof compares against; a refusal when there is none."""
     try:
-        reference = establish(source, override=override, timeout=timeout, log=log)
+        reference = establish(source, override=options.reference_transformers, timeout=options.proof_timeout, log=options.log)
     except EnvError as exc:
-        raise PortError(f"{result.src}: the reference environment cannot be built: {exc}") from None
+        raise PortError(f"{src}: the reference environment cannot be built: {exc}") from None
     except ReferenceError as exc:
-        result.message, result.path = f"refused: {exc}", "refused"
-        return None
-    result.reference = reference_summary(reference)
-    result.seconds["reference"] = round(time.perf_counter() - t0, 2)
+        return ReferenceStage(None, refusal=f"refused: {exc}")
+    summary, seconds = reference_summary(reference), round(time.perf_counter() - t0, 2)
     run = reference.run
     if not run.ok:
         where = run.error_at
         at = f" ({where['file']}:{where['line']}: `{where['code']}`)" if where else ""
-        result.path = "refused"
-        result.message = (f"refused: the original does not run in its own release (transformers {reference.env.spec.transformers}, "
-                          f"{reference.version_reason}): {run.error}{at}; nothing can be proven against it")
-        return None
-    return reference
+        return ReferenceStage(reference, summary, seconds,
+                              f"refused: the original does not run in its own release (transformers {reference.env.spec.transformers}, "
+                              f"{reference.version_reason}): {run.error}{at}; nothing can be proven against it")
+    return ReferenceStage(reference, summary, seconds)
 
 
-def _search_retarget(result: PortResult, reference: Reference, path: str) -> RetargetOutcome | None:
+def _search_retarget(reference: Reference, path: str) -> SearchStage:
     """Look for a native class that reproduces the original (not for --path rewrite), timed and recorded either way."""
 
     t1 = time.perf_counter()
     outcome = find_retarget(reference) if path in ("auto", "backend") else None
-    result.seconds["retarget_search"] = round(time.perf_counter() - t1, 2)
-    result.retarget = outcome.to_dict() if outcome is not None else {"skipped": "--path rewrite"}
-    return outcome
+    seconds = round(time.perf_counter() - t1, 2)
+    return SearchStage(outcome, outcome.to_dict() if outcome is not None else {"skipped": "--path rewrite"}, seconds)
 
 
-def _refuse_alibi(result: PortResult, bias: dict[str, Any], reference: Reference, source: ModelSource,
-                  outcome: RetargetOutcome | None) -> None:
+def _refuse_alibi(bias: dict[str, Any], reference: Reference, source: ModelSource, outcome: RetargetOutcome | None) -> Refusal:
     """Refuse an ALiBi model, naming the bias's call site and where the recorded dataflow sees it reach the scores."""
     from hfcheck.porter.rewrite.dataflow import CoreRefusal, plans
 
-    result.path = "refused"
     equal = [s for s in outcome.search.skipped if "computes the same function" in s] if outcome is not None else []
-    result.message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
-                      + (f". {equal[0]}" if equal else ""))
-    result.not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
+    message = (f"refused: ALiBi position bias at {bias['file']}:{bias['line']} (`{bias['code']}`): {ALIBI_WHY}"
+               + (f". {equal[0]}" if equal else ""))
+    not_ported = [{"code": "ALiBi", "file": bias["file"], "where": f"line {bias['line']}", "reason": ALIBI_WHY}]
     for found in plans(reference.run.result, reference.run.tensors, source.code_files, reference.input_ids, reference.tiny_config):
         if isinstance(found, CoreRefusal):  # where the recorded dataflow sees the bias reach the scores
-            result.not_ported.append({"code": found.code, "file": found.file, "where": f"line {found.line}", "reason": found.reason})
+            not_ported.append({"code": found.code, "file": found.file, "where": f"line {found.line}", "reason": found.reason})
+    return Refusal(message, not_ported)
 
 
 def reference_summary(reference) -> dict[str, Any]:
@@ -349,81 +522,101 @@ def position_bias(reference, source) -> dict[str, Any] | None:
     return {"file": name, "line": line, "code": code[:160]}
 
 
-def _port_by_retarget(result: PortResult, outcome, reference, source, out_dir: Path, *, shard_bytes: int | None, prove: bool) -> None:
+def _port_by_retarget(outcome: RetargetOutcome, reference: Reference, source: ModelSource, out_dir: Path, options: PortOptions) -> RetargetStage:
+    """Write the native folder the search found, prove it (extra checks, real weights) and ask how vLLM serves it."""
 
     t0 = time.perf_counter()
     hyp = outcome.found.hypothesis
-    result.path = "retarget"
     try:
-        native = full_native_config(outcome, reference, source.config)
+        target = full_native_config(outcome, reference, source.config)
     except AnatomyError as exc:
-        result.status, result.message = "failed", f"{hyp.architecture} reproduces the original at the shrunk size, but its full-size config cannot be written: {exc}"
-        return
-    result.retarget = outcome.to_dict()
-    result.retarget["native_config"] = native
-    if prove:
-        extra_checks(outcome, reference)
-    write_native_folder(outcome, source, out_dir, native, shard_bytes=shard_bytes)
-    result.weights = outcome.weights
-    if prove and outcome.weights and not outcome.weights.get("error"):
+        return RetargetStage(Verdict("failed", f"{hyp.architecture} reproduces the original at the shrunk size, but its full-size config cannot be written: {exc}"))
+    native = target.config
+    record = outcome.to_dict()
+    record["native_config"] = native
+    seconds: dict[str, float] = {}
+    extra = extra_checks(outcome, reference) if options.prove else ExtraChecks([], [])
+    folder = write_native_folder(outcome, source, out_dir, target, shard_bytes=options.shard_bytes)
+    checks = [*outcome.checks, *extra.checks]
+    if options.prove and folder.weights and not folder.weights.get("error"):
 
         t1 = time.perf_counter()
-        outcome.checks.append(prove_real_weights(reference, source, out_dir, native_config=native))
-        result.seconds["real_weights"] = round(time.perf_counter() - t1, 2)
-    result.retarget["notes"] = hyp.notes + outcome.notes
-    result.proof = {"checks": outcome.checks, "ok": all(c["ok"] or c.get("skipped") for c in outcome.checks), "reference": "original in its own release"}
-    result.seconds["write"] = round(time.perf_counter() - t0, 2)
+        checks.append(prove_real_weights(reference, source, out_dir, native_config=native))
+        seconds["real_weights"] = round(time.perf_counter() - t1, 2)
+    record["notes"] = hyp.notes + extra.notes + folder.notes
+    proof = {"checks": checks, "ok": all(c["ok"] or c.get("skipped") for c in checks), "reference": "original in its own release"}
+    seconds["write"] = round(time.perf_counter() - t0, 2)
     t1 = time.perf_counter()
     served = how_served(out_dir)
-    result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
-    result.served = served.to_dict()
-    result.files = outcome.files + ["PORT.md"]
-    if outcome.weights and outcome.weights.get("error"):
-        result.status, result.message = "failed", f"retargeted to {hyp.architecture}, but the checkpoint could not be converted: {outcome.weights['error']}"
-    elif not result.proof["ok"]:
-        failed = [c for c in outcome.checks if not c["ok"] and not c.get("skipped")]
-        result.status = "failed"
-        result.message = f"retargeted to {hyp.architecture}, NOT proven: " + "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
-    else:
-        rel = max((c.get("max_rel_error") or 0.0) for c in outcome.checks)
-        result.status = "ported"
-        result.message = (f"retargeted to transformers' {hyp.architecture} (model_type {hyp.target}): logits equal the original's in transformers "
-                          f"{reference.env.spec.transformers} (max relative error {rel:.1e}); {served.summary}")
+    seconds["rescan"] = round(time.perf_counter() - t1, 2)
+    verdict = _retarget_verdict(hyp, reference, folder, proof, served)
+    return RetargetStage(verdict, record, folder.weights, proof, served.to_dict(), folder.files + ["PORT.md"], seconds)
 
 
-def _port_by_rewrite(result: PortResult, reference, source, out_dir: Path, *, prove: bool, rescan: bool, shard_bytes: int | None,
-                     proof_timeout: float) -> tuple[Any, dict[str, Any]] | None:
-    """Rewrite the remote code in place; returns (port state, ported config) once files are
-    written (None when nothing was)."""
+def _retarget_verdict(hyp: Hypothesis, reference: Reference, folder: NativeFolder, proof: dict[str, Any], served: Served) -> Verdict:
+    """Ported when the checkpoint converted and every check held; failed, saying which did not, otherwise."""
+    if folder.weights and folder.weights.get("error"):
+        return Verdict("failed", f"retargeted to {hyp.architecture}, but the checkpoint could not be converted: {folder.weights['error']}")
+    checks = proof["checks"]
+    if not proof["ok"]:
+        failed = [c for c in checks if not c["ok"] and not c.get("skipped")]
+        return Verdict("failed", f"retargeted to {hyp.architecture}, NOT proven: " + "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed))
+    rel = max((c.get("max_rel_error") or 0.0) for c in checks)
+    return Verdict("ported", f"retargeted to transformers' {hyp.architecture} (model_type {hyp.target}): logits equal the original's in transformers "
+                   f"{reference.env.spec.transformers} (max relative error {rel:.1e}); {served.summary}")
+
+
+def _port_by_rewrite(begun: PortStages, reference: Reference, source: ModelSource, out_dir: Path, options: PortOptions, t0: float) -> PortResult:
+    """Rewrite the remote code in place, write it, prove it and re-scan it; the reports are written once files are."""
+    rewritten = _rewrite(reference, source)
+    begun = replace(begun, path="rewrite", rewrite=rewritten)
+    state = rewritten.state
+    if not rewritten.changed and not state.config_edits:
+        message = ("no native class reproduces the original, and the remote code already passes every check the porter rewrites; nothing written"
+                   + (f" ({len(state.refusals)} finding(s) need a hand-written change: see not_ported)" if state.refusals else ""))
+        return assemble(replace(begun, verdict=Verdict("nothing_to_port", message), total=round(time.perf_counter() - t0, 2)))
+
+    code = _ported_code(state, source)
+    written = _write_rewrite(state, source, code, out_dir, options.shard_bytes)
+    begun = replace(begun, code=code, written=written)
+    if written.failure is None:
+        if options.prove:
+            begun = replace(begun, proof=_prove_rewritten(reference, source, state, code, written, out_dir, options.proof_timeout))
+        if options.rescan:
+            begun = replace(begun, served=_rescan_rewritten(source, out_dir))
+    ended = replace(begun, verdict=_rewrite_verdict(begun), total=round(time.perf_counter() - t0, 2))
+    return _write_reports(ended, state, source, code.config, out_dir)
+
+
+def _rewrite(reference: Reference, source: ModelSource) -> RewriteStage:
+    """The codemods run on the state the original's run recorded."""
     from hfcheck.porter.rewrite.codemods import CODEMODS
 
     t0 = time.perf_counter()
-    result.path = "rewrite"
     state = _recorded_state(reference, source)
     _name_the_base_model(state, source)
     for codemod in CODEMODS:
         codemod().apply(state)
-    result.seconds["rewrite"] = round(time.perf_counter() - t0, 2)
-    result.not_ported = [r.to_dict() for r in state.refusals]
-    changed = {f for f, text in state.files.items() if text != source.code_files.get(f)}
-    if not changed and not state.config_edits:
-        result.status = "nothing_to_port"
-        result.message = ("no native class reproduces the original, and the remote code already passes every check the porter rewrites; nothing written"
-                          + (f" ({len(state.refusals)} finding(s) need a hand-written change: see not_ported)" if state.refusals else ""))
-        return None
+    seconds = round(time.perf_counter() - t0, 2)
+    changed = frozenset(f for f, text in state.files.items() if text != source.code_files.get(f))
+    return RewriteStage(state, changed, [r.to_dict() for r in state.refusals], seconds)
 
-    auto_map, defaults, ported_config = _ported_config(state, source)
-    _attach_fixes(state, source)
-    result.changes = [c.to_dict() for c in state.changes]
-    if not _write_rewrite(result, state, source, ported_config, defaults, out_dir, shard_bytes):
-        return state, ported_config
 
-    result.status, result.message = "ported", f"rewritten in place: {len(state.changes)} change(s) in {len(changed)} file(s)"
-    if prove:
-        _prove_rewritten(result, reference, source, state, auto_map, defaults, out_dir, proof_timeout)
-    if rescan:
-        _rescan_rewritten(result, source, state, out_dir)
-    return state, ported_config
+def _rewrite_verdict(stages: PortStages) -> Verdict:
+    """Ported when written, proven (if asked) and served (if re-scanned); failed, saying at which step, otherwise."""
+    written, proof, served = stages.written, stages.proof, stages.served
+    assert written is not None and stages.code is not None and stages.rewrite is not None
+    if written.failure is not None:
+        return Verdict("failed", written.failure)
+    if proof is not None and proof.failure is not None:
+        return Verdict("failed", proof.failure)
+    changes = len(stages.rewrite.state.changes)
+    if served is not None and not served.served.served:
+        left = "; ".join(f"{r['code']} {r['file']} {r['where']}: {r['reason']}" for r in stages.rewrite.not_ported[:3])
+        return Verdict("failed", f"rewritten in place ({changes} change(s)) and proven, but vLLM still does not serve the result: "
+                       f"{'; '.join(served.served.blockers[:2]) or served.served.summary}" + (f". Not rewritten: {left}" if left else "")
+                       + "; the output is kept for inspection")
+    return Verdict("ported", f"rewritten in place: {changes} change(s) in {len(stages.rewrite.changed)} file(s)")
 
 
 def _recorded_state(reference: Reference, source: ModelSource) -> PortState:
@@ -450,30 +643,29 @@ def _name_the_base_model(state: PortState, source: ModelSource) -> None:
                      "strips 'model.' from every checkpoint name")
 
 
-def _ported_config(state: PortState, source: ModelSource) -> tuple[dict, dict[str, Any], dict[str, Any]]:
-    """The final auto_map (naming the rewritten modules), the config defaults, and the config the output carries."""
+def _ported_code(state: PortState, source: ModelSource) -> PortedCode:
+    """The final auto_map (naming the rewritten modules), the config defaults, the config the output carries, and the changes
+    linked to the findings they fix."""
 
     index, roles = state.roles()
     auto_map = _auto_map(state.ported_config().get("auto_map") or {}, roles, index)
     if auto_map != state.ported_config().get("auto_map"):
         state.config_edits.append({"op": "set", "key": "auto_map", "value": auto_map})
     defaults = state.config_defaults()
-    return auto_map, defaults, apply_config_edits(source.config, state.config_edits, defaults)
+    config = apply_config_edits(source.config, state.config_edits, defaults)
+    _attach_fixes(state, source)
+    return PortedCode(auto_map, defaults, config, [c.to_dict() for c in state.changes])
 
 
-def _write_rewrite(result: PortResult, state: PortState, source: ModelSource, ported_config: dict[str, Any], defaults: dict[str, Any],
-                   out_dir: Path, shard_bytes: int | None) -> bool:
-    """Write the output folder and list it in the result; False (result failed) when the checkpoint could not be converted."""
-    written = _write_code(state, ported_config, out_dir)
+def _write_rewrite(state: PortState, source: ModelSource, code: PortedCode, out_dir: Path, shard_bytes: int | None) -> WriteStage:
+    """Write the output folder: its files, and its converted checkpoint (failure set when it could not be converted)."""
+    written = _write_code(state, code.config, out_dir)
     src_dir = Path(source.location) if source.kind == "local" and source.location else None
-    converted = True
-    if src_dir is not None:
-        written += _copy_other_files(src_dir, out_dir, set(state.files))
-        shards = _convert_checkpoint(result, src_dir, out_dir, state, source.config, defaults, shard_bytes)
-        converted = shards is not None
-        written += shards or []
-    result.files = written + ["port.diff", "PORT.md"]
-    return converted
+    if src_dir is None:
+        return WriteStage(written + ["port.diff", "PORT.md"])
+    written += _copy_other_files(src_dir, out_dir, set(state.files))
+    converted = _convert_checkpoint(src_dir, out_dir, state, source.config, code.defaults, shard_bytes)
+    return WriteStage(written + converted.files + ["port.diff", "PORT.md"], converted.weights, converted.failure)
 
 
 def _write_code(state: PortState, ported_config: dict[str, Any], out_dir: Path) -> list[str]:
@@ -490,9 +682,9 @@ def _write_code(state: PortState, ported_config: dict[str, Any], out_dir: Path) 
     return written
 
 
-def _convert_checkpoint(result: PortResult, src_dir: Path, out_dir: Path, state: PortState, config: dict[str, Any],
-                        defaults: dict[str, Any], shard_bytes: int | None) -> list[str] | None:
-    """Convert a safetensors checkpoint by the port's weight rules (a pickle one is only noted): the names written, None on failure."""
+def _convert_checkpoint(src_dir: Path, out_dir: Path, state: PortState, config: dict[str, Any], defaults: dict[str, Any],
+                        shard_bytes: int | None) -> WriteStage:
+    """Convert a safetensors checkpoint by the port's weight rules (a pickle one is only noted): the shard files written."""
 
     if W.checkpoint_files(src_dir):
         t1 = time.perf_counter()
@@ -500,50 +692,40 @@ def _convert_checkpoint(result: PortResult, src_dir: Path, out_dir: Path, state:
             summary = W.convert_checkpoint(src_dir, out_dir, state.weight_rules, config, defaults,
                                            **({"max_shard_bytes": shard_bytes} if shard_bytes else {}))
         except W.ConvertError as exc:
-            result.status, result.message = "failed", f"the checkpoint could not be converted: {exc}"
-            result.weights = {"error": str(exc)}
-            return None
+            return WriteStage([], {"error": str(exc)}, f"the checkpoint could not be converted: {exc}")
         summary["seconds"] = round(time.perf_counter() - t1, 2)
-        result.weights = summary
-        return summary["shards"] + ([W.INDEX_NAME] if len(summary["shards"]) > 1 else [])
+        return WriteStage(summary["shards"] + ([W.INDEX_NAME] if len(summary["shards"]) > 1 else []), summary)
     if any(p.suffix in PICKLE_WEIGHTS for p in src_dir.iterdir() if p.is_file()):
-        result.weights = {"note": "the checkpoint is in a pickle format (.bin/.pt): not converted; convert it to safetensors first, then port again"}
-    return []
+        return WriteStage([], {"note": "the checkpoint is in a pickle format (.bin/.pt): not converted; convert it to safetensors first, then port again"})
+    return WriteStage([])
 
 
-def _prove_rewritten(result: PortResult, reference: Reference, source: ModelSource, state: PortState, auto_map: dict,
-                     defaults: dict[str, Any], out_dir: Path, proof_timeout: float) -> None:
+def _prove_rewritten(reference: Reference, source: ModelSource, state: PortState, code: PortedCode, written: WriteStage, out_dir: Path,
+                     proof_timeout: float) -> ProofStage:
     """Prove the rewrite against the original's run (and on the converted checkpoint); a failed proof fails the port."""
 
     t1 = time.perf_counter()
-    result.proof = prove_rewrite(reference, state.files, auto_map, state.weight_rules, state.config_edits, defaults, timeout=proof_timeout)
-    if result.weights and "shards" in result.weights:
+    proof = prove_rewrite(reference, state.files, code.auto_map, state.weight_rules, state.config_edits, code.defaults, timeout=proof_timeout)
+    if written.weights and "shards" in written.weights:
 
-        key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in auto_map else "AutoModel"
-        check = prove_real_weights(reference, source, out_dir, class_ref=auto_map[key], timeout=proof_timeout)
-        result.proof["checks"].append(check)
-        result.proof["ok"] = result.proof["ok"] and (check["ok"] or bool(check.get("skipped")))
-    result.seconds["proof"] = round(time.perf_counter() - t1, 2)
-    if not result.proof.get("ok"):
-        result.status = "failed"
-        failed = [c for c in result.proof.get("checks", []) if not c.get("ok")]
-        why = result.proof.get("error") or "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
-        result.message = f"rewritten in place, but the ported model does not reproduce the original ({why}); the output is kept for inspection"
+        key = "AutoModelForCausalLM" if "AutoModelForCausalLM" in code.auto_map else "AutoModel"
+        check = prove_real_weights(reference, source, out_dir, class_ref=code.auto_map[key], timeout=proof_timeout)
+        proof["checks"].append(check)
+        proof["ok"] = proof["ok"] and (check["ok"] or bool(check.get("skipped")))
+    seconds = round(time.perf_counter() - t1, 2)
+    if proof.get("ok"):
+        return ProofStage(proof, seconds)
+    failed = [c for c in proof.get("checks", []) if not c.get("ok")]
+    why = proof.get("error") or "; ".join(f"{c['name']}: {c.get('detail') or _err(c)}" for c in failed)
+    return ProofStage(proof, seconds, f"rewritten in place, but the ported model does not reproduce the original ({why}); the output is kept for inspection")
 
 
-def _rescan_rewritten(result: PortResult, source: ModelSource, state: PortState, out_dir: Path) -> None:
-    """Re-scan the output and ask how vLLM serves it; a proven port vLLM still does not serve fails."""
+def _rescan_rewritten(source: ModelSource, out_dir: Path) -> ServedStage:
+    """Re-scan the output and ask how vLLM serves it (a proven port vLLM still does not serve fails: ``_rewrite_verdict``)."""
     t1 = time.perf_counter()
-    result.rescan = _rescan(source, out_dir)
+    rows = _rescan(source, out_dir)
     served = how_served(out_dir, trust_remote_code=True)
-    result.served = served.to_dict()
-    result.seconds["rescan"] = round(time.perf_counter() - t1, 2)
-    if result.status == "ported" and not served.served:
-        left = "; ".join(f"{r['code']} {r['file']} {r['where']}: {r['reason']}" for r in result.not_ported[:3])
-        result.status = "failed"
-        result.message = (f"rewritten in place ({len(state.changes)} change(s)) and proven, but vLLM still does not serve the result: "
-                          f"{'; '.join(served.blockers[:2]) or served.summary}" + (f". Not rewritten: {left}" if left else "")
-                          + "; the output is kept for inspection")
+    return ServedStage(rows, served, round(time.perf_counter() - t1, 2))
 
 
 def _err(check: dict) -> str:
@@ -729,11 +911,15 @@ def _diff(source, state, ported_config: dict | None) -> str:
     return "".join(chunks)
 
 
-def _write_reports(result: PortResult, state, source, ported_config: dict | None, out_dir: Path) -> None:
+def _write_reports(stages: PortStages, state: PortState | None, source: ModelSource, ported_config: dict[str, Any] | None,
+                   out_dir: Path) -> PortResult:
+    """The result, with the linter's word on both sides, and port.diff and PORT.md written next to the model."""
+    lint = lint_port(source.code_files, dict(state.files) if state is not None else None).to_dict()
+    result = assemble(replace(stages, lint=lint))
     if ported_config is None and result.retarget:
         ported_config = result.retarget.get("native_config")
-    result.lint = lint_port(source.code_files, dict(state.files) if state is not None else None).to_dict()
     (out_dir / "port.diff").write_text(_diff(source, state, ported_config), encoding="utf-8")
     (out_dir / "PORT.md").write_text(render_markdown(result), encoding="utf-8")
-    if "port.diff" not in result.files:
+    if "port.diff" not in result.files:  # a retarget's: in the result, not in PORT.md's list (written before it)
         result.files.append("port.diff")
+    return result

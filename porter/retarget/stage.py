@@ -25,7 +25,7 @@ from typing import Any
 from hfcheck.porter.output.served import how_served_config
 from hfcheck.porter.output.weights import INDEX_NAME
 from hfcheck.porter.reference.establish import Reference
-from hfcheck.porter.retarget.anatomy import AnatomyError, analyse, full_dims
+from hfcheck.porter.retarget.anatomy import Anatomy, AnatomyError, analyse, full_dims
 from hfcheck.porter.retarget.plan import CheckpointReader, PlanError, convert_folder, convert_state
 from hfcheck.porter.retarget.search import (
     Found,
@@ -41,19 +41,17 @@ from hfcheck.porter.retarget.search import (
 MODEL_CODE_PREFIXES = ("modeling_", "modelling_", "configuration_")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RetargetOutcome:
+    """The search's result: the native class found (with the checks it passed at the shrunk size) or why none fits."""
+
     search: SearchResult
     anatomy_error: str | None = None
     found: Found | None = None
     native_config: dict[str, Any] | None = None
-    plan: list[dict[str, Any]] | None = None
-    layers: int = 0
     checks: list[dict[str, Any]] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-    weights: dict[str, Any] | None = None
-    notes: list[str] = field(default_factory=list)
     anatomy: list[str] = field(default_factory=list)  # Anatomy.describe()
+    analysed: Anatomy | None = field(default=None, repr=False)  # what full_native_config reads the full sizes with
 
     def to_dict(self) -> dict[str, Any]:
         hyp = self.found.hypothesis if self.found else None
@@ -61,13 +59,39 @@ class RetargetOutcome:
             "target": hyp.architecture if hyp else None,
             "model_type": hyp.target if hyp else None,
             "choices": hyp.choices if hyp else None,
-            "notes": (hyp.notes if hyp else []) + self.notes,
+            "notes": list(hyp.notes) if hyp else [],
             "attempts": [a.to_dict() for a in self.search.attempts],
             "not_fitting": self.search.skipped + ([f"anatomy: {self.anatomy_error}"] if self.anatomy_error else []),
             "search_seconds": self.search.seconds,
             "native_config": self.native_config,
             "anatomy": self.anatomy,
         }
+
+
+@dataclass(frozen=True)
+class NativeTarget:
+    """The native class's full-size config, its layer count, and the proven weight plan (None: the checkpoint's names are the native ones)."""
+
+    config: dict[str, Any]
+    layers: int
+    plan: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ExtraChecks:
+    """The checks ``extra_checks`` ran and the notes on the original's own generate."""
+
+    checks: list[dict[str, Any]]
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class NativeFolder:
+    """What ``write_native_folder`` wrote: the files, the converted checkpoint's summary (or its error) and its notes."""
+
+    files: list[str]
+    weights: dict[str, Any] | None
+    notes: list[str]
 
 
 def _served_refusal(found: Found) -> str | None:
@@ -86,34 +110,31 @@ def find_retarget(reference: Reference) -> RetargetOutcome:
     except AnatomyError as exc:
         anatomy_error = str(exc)
     result = search(run, anatomy, reference.tiny_config, reference.input_ids, accept=_served_refusal)
-    outcome = RetargetOutcome(result, anatomy_error, result.found, anatomy=anatomy.describe() if anatomy else [])
+    described = anatomy.describe() if anatomy else []
     if result.found:
-        outcome.checks = list(result.found.checks)
-        outcome._anatomy = anatomy  # type: ignore[attr-defined]
-    return outcome
+        return RetargetOutcome(result, anatomy_error, result.found, checks=list(result.found.checks), anatomy=described, analysed=anatomy)
+    return RetargetOutcome(result, anatomy_error, result.found, anatomy=described)
 
 
-def full_native_config(outcome: RetargetOutcome, reference: Reference, config: dict[str, Any]) -> dict[str, Any]:
+def full_native_config(outcome: RetargetOutcome, reference: Reference, config: dict[str, Any]) -> NativeTarget:
     found = outcome.found
     assert found is not None
     hyp = found.hypothesis
-    anatomy = getattr(outcome, "_anatomy", None)
     if found.plan is None:
         native = hyp.config(None, config)  # same names: the config translated, sizes as they are
-        outcome.layers = int(native.get("num_hidden_layers") or 0)
-        return native
-    dims = full_dims(anatomy, reference.run, config, reference.tiny_config)
-    outcome.layers = dims.layers
-    outcome.plan = hyp.plan(dims)
-    return hyp.config(dims, config)
+        return NativeTarget(native, int(native.get("num_hidden_layers") or 0))
+    dims = full_dims(outcome.analysed, reference.run, config, reference.tiny_config)
+    plan = hyp.plan(dims)
+    return NativeTarget(hyp.config(dims, config), dims.layers, plan)
 
 
-def extra_checks(outcome: RetargetOutcome, reference: Reference) -> None:
+def extra_checks(outcome: RetargetOutcome, reference: Reference) -> ExtraChecks:
     """sdpa attention and greedy generation with the native cache, at the shrunk size."""
     import torch
     import transformers
 
-
+    checks: list[dict[str, Any]] = []
+    notes: list[str] = []
     found = outcome.found
     run = reference.run
     ids = torch.tensor(reference.input_ids, dtype=torch.long)
@@ -135,23 +156,23 @@ def extra_checks(outcome: RetargetOutcome, reference: Reference) -> None:
         model = load("sdpa")
         with torch.no_grad():
             got = model(input_ids=ids, use_cache=False).logits
-        outcome.checks.append({"name": "random weights, sdpa", **compare(run.logits_for("sdpa"), got)})
+        checks.append({"name": "random weights, sdpa", **compare(run.logits_for("sdpa"), got)})
     except ValueError as exc:
         if "does not support" not in str(exc):  # not "no sdpa path in this release" (GPT-J before transformers 5.24)
-            outcome.checks.append({"name": "random weights, sdpa", "ok": False, "detail": f"ValueError: {str(exc)[:200]}"})
+            checks.append({"name": "random weights, sdpa", "ok": False, "detail": f"ValueError: {str(exc)[:200]}"})
         else:
-            outcome.checks.append({"name": "random weights, sdpa", "ok": True, "skipped": True,
+            checks.append({"name": "random weights, sdpa", "ok": True, "skipped": True,
                                    "detail": f"not run: transformers {transformers.__version__}'s {found.hypothesis.architecture} has no sdpa path"})
     except Exception as exc:  # noqa: BLE001 - reported as a failed check
-        outcome.checks.append({"name": "random weights, sdpa", "ok": False, "detail": f"{type(exc).__name__}: {str(exc)[:200]}"})
+        checks.append({"name": "random weights, sdpa", "ok": False, "detail": f"{type(exc).__name__}: {str(exc)[:200]}"})
     expected = run.result.get("greedy_no_cache") or run.result.get("generated")
     own = run.result.get("generated")
     stopped = bool(own) and len(own) < len(expected or []) and expected[:len(own)] == own
     if stopped:  # an EOS the generation config still named: a stop, not a defect
-        outcome.notes.append(f"the original's own generate stopped after {len(own)} of {len(expected)} tokens ({own}, the last one its "
+        notes.append(f"the original's own generate stopped after {len(own)} of {len(expected)} tokens ({own}, the last one its "
                              "end-of-sequence id); the tokens it gave equal its full forward pass token by token")
     elif own and expected and own != expected:
-        outcome.notes.append(f"the original's own generate (with its cache) gives {own}, not the {expected} its full forward pass gives "
+        notes.append(f"the original's own generate (with its cache) gives {own}, not the {expected} its full forward pass gives "
                              "token by token: its cache code is wrong in its own release; the native class was compared with the full forward pass")
     if expected:
         model = load("eager")
@@ -161,10 +182,11 @@ def extra_checks(outcome: RetargetOutcome, reference: Reference) -> None:
             gen = model.generate(ids[:1], max_new_tokens=len(expected), do_sample=False, num_beams=1, pad_token_id=0, eos_token_id=None,
                                  use_cache=True)
         tokens = [int(t) for t in gen[0, ids.shape[1]:].tolist()]
-        outcome.checks.append({"name": f"greedy generate, {len(expected)} tokens with the native KV cache", "ok": tokens == expected,
+        checks.append({"name": f"greedy generate, {len(expected)} tokens with the native KV cache", "ok": tokens == expected,
                                "detail": "" if tokens == expected else f"original {expected}, native {tokens}", "tokens": tokens})
     else:
-        outcome.notes.append(f"greedy generation not compared: the original's generate failed in its own release ({run.result.get('generate_error')})")
+        notes.append(f"greedy generation not compared: the original's generate failed in its own release ({run.result.get('generate_error')})")
+    return ExtraChecks(checks, notes)
 
 
 def _tokenizer_code(src_dir: Path) -> set[str]:
@@ -184,16 +206,18 @@ QUANTIZATION_FILES = ("quantize_config.json", "quant_config.json", "quantization
 """AutoGPTQ/AWQ side files: they describe the original's quantized tensors, not the float native folder."""
 
 
-def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, native_config: dict[str, Any], *, shard_bytes: int | None = None) -> None:
-
+def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, target: NativeTarget, *, shard_bytes: int | None = None) -> NativeFolder:
+    """The native folder: its config, the tokenizer and generation files, the converted checkpoint and the weight plan."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    weights: dict[str, Any] | None = None
     quant = source.config.get("quantization_config")
     if isinstance(quant, dict):
         method = quant.get("quant_method") or "a quantization"
         bits = f" {quant['bits']}-bit" if quant.get("bits") else ""
-        outcome.notes.append(f"the original's config declares{bits} {method} weights: the native config and weight plan are for float weights "
-                             f"(its {method} tensors are not converted; port the float checkpoint, then quantize the native model)")
-    (out_dir / "config.json").write_text(json.dumps(native_config, indent=2) + "\n", encoding="utf-8")
+        notes.append(f"the original's config declares{bits} {method} weights: the native config and weight plan are for float weights "
+                     f"(its {method} tensors are not converted; port the float checkpoint, then quantize the native model)")
+    (out_dir / "config.json").write_text(json.dumps(target.config, indent=2) + "\n", encoding="utf-8")
     files = ["config.json"]
     src_dir = Path(source.location) if source.kind == "local" and source.location else None
     if src_dir is not None:
@@ -211,23 +235,23 @@ def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, native_
                 continue  # describes the original's quantized tensors; the native folder is float
             shutil.copy2(path, out_dir / name)
             files.append(name)
-        plan = outcome.plan
+        plan = target.plan
 
         reader = CheckpointReader(src_dir)
         if reader.kind is not None:
             if plan is None:
                 plan = identity_plan(reader.keys(), outcome.found.hypothesis and _layers_path(reader.keys()))
             try:
-                summary = convert_folder(plan, outcome.layers, src_dir, out_dir, max_shard_bytes=shard_bytes)
+                summary = convert_folder(plan, target.layers, src_dir, out_dir, max_shard_bytes=shard_bytes)
             except PlanError as exc:
-                outcome.weights = {"error": str(exc)}
+                weights = {"error": str(exc)}
             else:
-                outcome.weights = summary
+                weights = summary
                 files += summary["shards"] + ([INDEX_NAME] if len(summary["shards"]) > 1 else [])
-    if outcome.plan is not None:
-        (out_dir / "weight_plan.json").write_text(json.dumps({"layers": outcome.layers, "recipes": outcome.plan}, indent=1) + "\n", encoding="utf-8")
+    if target.plan is not None:
+        (out_dir / "weight_plan.json").write_text(json.dumps({"layers": target.layers, "recipes": target.plan}, indent=1) + "\n", encoding="utf-8")
         files.append("weight_plan.json")
-    outcome.files = files
+    return NativeFolder(files, weights, notes)
 
 
 def _layers_path(keys: list[str]) -> str:
