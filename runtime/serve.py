@@ -33,6 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from hfcheck.isolation.process import stop_group
 from hfcheck.runtime import serve_image
 from hfcheck.runtime.batch import context_length
 from hfcheck.runtime.decisions import differences, load_error, parse, predicted
-from hfcheck.runtime.environment import choose, install_hfcheck
+from hfcheck.runtime.environment import VllmRuntime, choose, install_hfcheck
 from hfcheck.runtime.serve_image import ImageError, image_png
 from hfcheck.shared.environments import EnvError
 
@@ -186,10 +187,60 @@ def has_tokenizer(model_dir: str) -> bool:
     return any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json", "qwen.tiktoken"))
 
 
-def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: str, requests: list[tuple[str, dict]], startup_timeout: float,
-                       request_timeout: float, log, result: ServeResult, label: str) -> tuple[list[dict] | None, str, bool, int | None]:
-    """Start the server, wait for health, send each (path, body) of ``requests``, stop it.
-    (the responses, or None when any failed; log text, stopped, pid); errors land in ``result.error``."""
+@dataclass(frozen=True)
+class ServeAsk:
+    """What a smoke test asks: the prompt, how many greedy tokens, how long to wait for health and for an
+    answer, the port (None: a free one) and who hears one-line progress."""
+
+    prompt: str = DEFAULT_PROMPT
+    max_tokens: int = 8
+    startup_timeout: float = 600.0
+    request_timeout: float = 180.0
+    port: int | None = None
+    log: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class ServedFolder:
+    """The folder served: its path, its config, whether it needs --trust-remote-code, and the image a
+    multimodal folder is sent (``png``; ``image``: the file it came from)."""
+
+    model_dir: str
+    config: dict[str, Any]
+    trust: bool
+    png: bytes | None = None
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One server start: its command, environment, working folder, base URL, the (path, body) requests,
+    and the label its timings and log file carry."""
+
+    cmd: list[str]
+    env: dict[str, str]
+    work: Path
+    base: str
+    requests: list[tuple[str, dict]]
+    label: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one server start gave: the responses (None when any request failed), its log, whether its
+    process group was stopped, and its pid."""
+
+    responses: list[dict] | None
+    log_text: str
+    stopped: bool
+    pid: int | None
+
+
+def _start_and_request(launch: Launch, ask: ServeAsk, result: ServeResult) -> Answer:
+    """Start the server, wait for health, send each (path, body) of ``launch.requests``, stop it;
+    errors land in ``result.error``."""
+    cmd, env, work, base, requests, label, log = launch.cmd, launch.env, launch.work, launch.base, launch.requests, launch.label, ask.log
+    startup_timeout, request_timeout = ask.startup_timeout, ask.request_timeout
     log_path = work / f"server-{label}.log"
     proc = None
     responses: list[dict] | None = None
@@ -234,18 +285,39 @@ def _start_and_request(cmd: list[str], env: dict[str, str], work: Path, base: st
         if proc is not None:
             stopped = stop_group(proc)
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-    return responses, text, stopped, proc.pid if proc is not None else None
+    return Answer(responses, text, stopped, proc.pid if proc is not None else None)
+
+
+@dataclass(frozen=True)
+class ServerBackend:
+    """The server that runs (``choose_runtime``): its name, vLLM's runtime (None for ``transformers serve``) and the note saying which."""
+
+    name: str
+    runtime: VllmRuntime | None
+    note: str | None
 
 
 def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, max_tokens: int = 8, backend: str = "auto",
-                startup_timeout: float = 600.0, request_timeout: float = 180.0, port: int | None = None, log=None,
-                tp2: bool | None = None, image: str | None = None) -> ServeResult:
+                startup_timeout: float = 600.0, request_timeout: float = 180.0, port: int | None = None,
+                log: Callable[[str], None] | None = None, tp2: bool | None = None, image: str | None = None) -> ServeResult:
     """Start a server on ``model_dir``, send one greedy completion, stop the server, compare
     with transformers' greedy ``generate`` and (vLLM) vLLM's decisions with hfcheck's
     prediction. A multimodal folder (vLLM) gets a chat request with an image (the file
     ``image``, else a generated one) and one with the prompt alone (``serve_image``). ``log``
     (optional) receives one-line progress."""
     t_start = time.monotonic()
+    ask = ServeAsk(prompt, max_tokens, startup_timeout, request_timeout, port, log)
+    folder = _served_folder(model_dir, image)
+    server = ServerBackend(*choose_runtime(backend, log))
+    if server.note and log:
+        log(server.note)
+    if server.name != "transformers":
+        return _smoke_vllm(folder, ask, server, tp2, t_start)
+    return _smoke_transformers(folder, ask, server, t_start)
+
+
+def _served_folder(model_dir: str | os.PathLike, image: str | None) -> ServedFolder:
+    """The folder's config, whether it needs --trust-remote-code, and the image file's PNG; ServeError when one cannot be read."""
     model_dir = str(Path(model_dir).expanduser().resolve())
     config_path = Path(model_dir) / "config.json"
     if not config_path.is_file():
@@ -263,36 +335,36 @@ def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, m
     remote = bool(config.get("auto_map"))
 
     trust = remote or tokenizer_needs_remote_code(Path(model_dir))
-    name, runtime, note = choose_runtime(backend, log)
-    if note and log:
-        log(note)
-    if name != "transformers":
-        return _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
-                           png, image)
+    return ServedFolder(model_dir, config, trust, png, image)
+
+
+def _smoke_transformers(folder: ServedFolder, ask: ServeAsk, server: ServerBackend, t_start: float) -> ServeResult:
+    """``transformers serve`` (not vLLM): one completion on the prompt's text, against transformers' generate in a separate process."""
     import transformers
 
+    model_dir, config, prompt, max_tokens = folder.model_dir, folder.config, ask.prompt, ask.max_tokens
+    remote = bool(config.get("auto_map"))
     missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
     if missing:
         raise ServeError(f"`transformers serve` needs {', '.join(missing)}: pip install 'transformers[serving]'")
     native = not remote or hasattr(transformers, (config.get("architectures") or [""])[0] or "")
-    port = port or _free_port()
-    cmd = server_command(model_dir, name, port, remote, native)
-    result = ServeResult(False, name, note, cmd, prompt, max_tokens)
+    port = ask.port or _free_port()
+    cmd = server_command(model_dir, server.name, port, remote, native)
+    result = ServeResult(False, server.name, server.note, cmd, prompt, max_tokens)
     work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TRANSFORMERS_VERBOSITY="error", PYTHONUNBUFFERED="1",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost", CUDA_VISIBLE_DEVICES="")
     body = {"model": model_dir, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    responses, text, result.server_stopped, result.server_pid = _start_and_request(cmd, env, work, f"http://127.0.0.1:{port}",
-                                                                                    [("/v1/completions", body)], startup_timeout, request_timeout,
-                                                                                    log, result, "")
-    result.log_tail = text[-3000:]
-    if responses is not None:
-        (response,) = responses
+    answer = _start_and_request(Launch(cmd, env, work, f"http://127.0.0.1:{port}", [("/v1/completions", body)], ""), ask, result)
+    result.server_stopped, result.server_pid = answer.stopped, answer.pid
+    result.log_tail = answer.log_text[-3000:]
+    if answer.responses is not None:
+        (response,) = answer.responses
         choice = (response.get("choices") or [{}])[0]
         result.server_text = choice.get("text")
         result.server_completion_tokens = (response.get("usage") or {}).get("completion_tokens")
         t0 = time.monotonic()
-        ref = reference_generate(model_dir, prompt, max_tokens, remote, result.server_text or "")
+        ref = reference_generate(GenerateJob(model_dir, prompt, max_tokens, remote, result.server_text or ""))
         result.seconds["reference"] = round(time.monotonic() - t0, 2)
         if ref.get("error"):
             result.error = f"transformers' reference generation failed: {ref['error']}"
@@ -336,86 +408,137 @@ def _prediction(model_dir: str, trust: bool, runtime, log) -> dict[str, Any]:
     return scan(model_dir, trust_remote_code=trust).report
 
 
-def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_tokens, startup_timeout, request_timeout, port, log, tp2, t_start,
-                png: bytes | None = None, image: str | None = None) -> ServeResult:
+@dataclass(frozen=True)
+class VllmSession:
+    """What every vLLM start of one smoke test shares: the folder, the ask, the runtime, the working folder,
+    transformers' answers (``reference``), the requests, the server's extra arguments, its context length,
+    and whether it loads a tokenizer."""
 
-    tokenizer = has_tokenizer(model_dir)
-    result = ServeResult(False, name, note, [], prompt, max_tokens, vllm_version=runtime.version)
-    report = _prediction(model_dir, trust, runtime, log)
-    want = predicted(report, cpu_build=runtime.kind == "cpu")
-    result.predicted = {**want.to_dict(), "target": (report.get("target") or {}).get("label")}
-    with_image = serve_image.serves_images(report)
-    t0 = time.monotonic()
-    if with_image:
-        png = png or serve_image.image_png()
-        result.image = image or f"a generated {serve_image.SIDE}x{serve_image.SIDE} PNG"
+    folder: ServedFolder
+    ask: ServeAsk
+    server: ServerBackend
+    work: Path
+    with_image: bool
+    reference: dict[str, Any]
+    requests: list[tuple[str, dict]]
+    extra: list[str]
+    context: int
+    tokenizer: bool
 
-        # vLLM's own environment has the processor's torchvision and the transformers vLLM uses
-        python = str(runtime.python) if runtime.kind == "cpu" and install_hfcheck(runtime, log) else sys.executable
-        ref = reference_generate(model_dir, prompt, max_tokens, trust, "", image_png=png, python=python)
-    else:
-        ref = reference_generate(model_dir, prompt, max_tokens, trust, "", prompt_ids=None if tokenizer else _fallback_ids(config),
-                                 fallback_ids=_fallback_ids(config))
-    result.seconds["reference"] = round(time.monotonic() - t0, 2)
-    if ref.get("error"):
-        raise ServeError(f"transformers' reference generation failed: {ref['error']}")
-    work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
-    extra: list[str] = []
-    if with_image:
-        first = ref["requests"][0]
-        result.prompt_token_ids, result.reference_token_ids = first["prompt_ids"], first["token_ids"]
-        requests = serve_image.chat_bodies(SERVED_NAME, prompt, png, max_tokens)
-        extra = ["--limit-mm-per-prompt", json.dumps({"image": 1})]
-        if ref.get("template"):  # the folder has no chat template: the one the reference rendered
-            (work / "chat_template.jinja").write_text(ref["template"], encoding="utf-8")
-            extra += ["--chat-template", str(work / "chat_template.jinja")]
-        longest = max(len(r["prompt_ids"]) for r in ref["requests"]) + max_tokens
-        context = context_length(config, max(256, -(-(longest + 32) // 256) * 256))
-    else:
-        if ref.get("tokenizer_error"):
-            tokenizer = False
-            if log:
-                log(f"the tokenizer does not load ({ref['tokenizer_error']}): sending token ids, the server without a tokenizer")
-        result.prompt_token_ids = ref["prompt_ids"]
-        result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
-        requests = [("/v1/completions", {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": max_tokens, "temperature": 0,
-                                         "ignore_eos": True, "return_token_ids": True})]
-        context = context_length(config, 256)
-
-    def one(tp: int, label: str) -> tuple[list[dict] | None, str, bool, int | None]:
-        p = port or _free_port()
-        cmd = server_command(model_dir, name, p, trust, True, python=str(runtime.python), tp=tp, tokenizer=tokenizer or with_image,
-                             max_len=context) + extra
+    def start(self, tp: int, label: str, result: ServeResult) -> Answer:
+        """One server start at tensor-parallel size ``tp``, its requests sent and the server stopped."""
+        runtime = self.server.runtime
+        p = self.ask.port or _free_port()
+        cmd = server_command(self.folder.model_dir, self.server.name, p, self.folder.trust, True, python=str(runtime.python), tp=tp,
+                             tokenizer=self.tokenizer or self.with_image, max_len=self.context) + self.extra
         if tp == 1:
             result.command = cmd
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", PYTHONUNBUFFERED="1", NO_PROXY="127.0.0.1,localhost",
                    no_proxy="127.0.0.1,localhost", **runtime.env(tp))
         if runtime.kind == "cpu":
             env["CUDA_VISIBLE_DEVICES"] = ""
-        return _start_and_request(cmd, env, work, f"http://127.0.0.1:{p}", requests, startup_timeout, request_timeout, log, result, label)
+        return _start_and_request(Launch(cmd, env, self.work, f"http://127.0.0.1:{p}", self.requests, label), self.ask, result)
 
-    def tokens_of(responses: list[dict]) -> tuple[list[int] | None, bool, list[dict] | None]:
+    def tokens_of(self, responses: list[dict], result: ServeResult) -> tuple[list[int] | None, bool, list[dict] | None]:
         """(the first request's generated ids, every request matches transformers', per-request rows)."""
-        if with_image:
-            rows = serve_image.compare(ref["requests"], responses)
+        if self.with_image:
+            rows = serve_image.compare(self.reference["requests"], responses)
             return rows[0]["server_token_ids"], all(r["tokens_match"] for r in rows), rows
         ids = ((responses[0].get("choices") or [{}])[0]).get("token_ids")
         return ids, ids is not None and list(ids) == list(result.reference_token_ids), None
 
-    responses, text, result.server_stopped, result.server_pid = one(1, "")
-    result.log_tail = text[-3000:]
-    got = parse(text)
+
+def _smoke_vllm(folder: ServedFolder, ask: ServeAsk, server: ServerBackend, tp2: bool | None, t_start: float) -> ServeResult:
+    """vLLM: hfcheck's prediction, transformers' greedy tokens, the server at TP 1 (and 2), compared token for token and decision for decision."""
+    runtime = server.runtime
+    tokenizer = has_tokenizer(folder.model_dir)
+    result = ServeResult(False, server.name, server.note, [], ask.prompt, ask.max_tokens, vllm_version=runtime.version)
+    report = _prediction(folder.model_dir, folder.trust, runtime, ask.log)
+    want = predicted(report, cpu_build=runtime.kind == "cpu")
+    result.predicted = {**want.to_dict(), "target": (report.get("target") or {}).get("label")}
+    with_image = serve_image.serves_images(report)
+    ref, png = _vllm_reference(folder, ask, runtime, with_image, tokenizer, result)
+    session = _vllm_session(folder, ask, server, with_image, tokenizer, ref, png, result)
+
+    answer = session.start(1, "", result)
+    result.server_stopped, result.server_pid = answer.stopped, answer.pid
+    result.log_tail = answer.log_text[-3000:]
+    got = parse(answer.log_text)
     result.decisions = got.to_dict()
-    if responses is None:
-        why = load_error(text)
+    if answer.responses is None:
+        why = load_error(answer.log_text)
         if why:
             result.error = f"vLLM did not serve it: {why}"
-        return _finish(result, work, t_start)
+        return _finish(result, session.work, t_start)
     result.differences = differences(got, want)
+    _compare_tokens(session, answer.responses, result)
+    tp_ok = (report.get("parallel", {}).get("tp", {}).get("sizes", {}) or {}).get("2")
+    if tp2 is None:
+        tp2 = bool(tp_ok) and (os.cpu_count() or 1) >= 2 and result.error is None
+    if tp2:
+        _again_at_tp2(session, bool(tp_ok), result)
+    return _finish(result, session.work, t_start)
+
+
+def _vllm_reference(folder: ServedFolder, ask: ServeAsk, runtime: VllmRuntime, with_image: bool, tokenizer: bool,
+                    result: ServeResult) -> tuple[dict[str, Any], bytes | None]:
+    """transformers' greedy tokens for the comparison (a multimodal folder: its chat requests, in vLLM's own
+    environment), and the image sent; ServeError when transformers cannot generate."""
+    png = folder.png
+    t0 = time.monotonic()
+    if with_image:
+        png = png or serve_image.image_png()
+        result.image = folder.image or f"a generated {serve_image.SIDE}x{serve_image.SIDE} PNG"
+
+        # vLLM's own environment has the processor's torchvision and the transformers vLLM uses
+        python = str(runtime.python) if runtime.kind == "cpu" and install_hfcheck(runtime, ask.log) else sys.executable
+        ref = reference_generate(GenerateJob(folder.model_dir, ask.prompt, ask.max_tokens, folder.trust, "", image_png=png), python=python)
+    else:
+        ref = reference_generate(GenerateJob(folder.model_dir, ask.prompt, ask.max_tokens, folder.trust, "",
+                                             prompt_ids=None if tokenizer else _fallback_ids(folder.config),
+                                             fallback_ids=_fallback_ids(folder.config)))
+    result.seconds["reference"] = round(time.monotonic() - t0, 2)
+    if ref.get("error"):
+        raise ServeError(f"transformers' reference generation failed: {ref['error']}")
+    return ref, png
+
+
+def _vllm_session(folder: ServedFolder, ask: ServeAsk, server: ServerBackend, with_image: bool, tokenizer: bool, ref: dict[str, Any],
+                  png: bytes | None, result: ServeResult) -> VllmSession:
+    """The requests (a chat pair with and without the image, else one completion on token ids), the server's
+    extra arguments and context length; the prompt's and transformers' token ids go into ``result``."""
+    work = Path(tempfile.mkdtemp(prefix="hfcheck-serve-"))
+    extra: list[str] = []
+    if with_image:
+        first = ref["requests"][0]
+        result.prompt_token_ids, result.reference_token_ids = first["prompt_ids"], first["token_ids"]
+        requests = serve_image.chat_bodies(SERVED_NAME, ask.prompt, png, ask.max_tokens)
+        extra = ["--limit-mm-per-prompt", json.dumps({"image": 1})]
+        if ref.get("template"):  # the folder has no chat template: the one the reference rendered
+            (work / "chat_template.jinja").write_text(ref["template"], encoding="utf-8")
+            extra += ["--chat-template", str(work / "chat_template.jinja")]
+        longest = max(len(r["prompt_ids"]) for r in ref["requests"]) + ask.max_tokens
+        context = context_length(folder.config, max(256, -(-(longest + 32) // 256) * 256))
+    else:
+        if ref.get("tokenizer_error"):
+            tokenizer = False
+            if ask.log:
+                ask.log(f"the tokenizer does not load ({ref['tokenizer_error']}): sending token ids, the server without a tokenizer")
+        result.prompt_token_ids = ref["prompt_ids"]
+        result.reference_token_ids, result.reference_text = ref["token_ids"], ref.get("text")
+        requests = [("/v1/completions", {"model": SERVED_NAME, "prompt": result.prompt_token_ids, "max_tokens": ask.max_tokens, "temperature": 0,
+                                         "ignore_eos": True, "return_token_ids": True})]
+        context = context_length(folder.config, 256)
+    return VllmSession(folder, ask, server, work, with_image, ref, requests, extra, context, tokenizer)
+
+
+def _compare_tokens(session: VllmSession, responses: list[dict], result: ServeResult) -> None:
+    """The server's answer at TP 1 against transformers' tokens (and, multimodal, prompt ids), into ``result``."""
+    with_image = session.with_image
     choice = (responses[0].get("choices") or [{}])[0]
     result.server_text = (choice.get("message") or {}).get("content") if with_image else choice.get("text")
     result.server_completion_tokens = (responses[0].get("usage") or {}).get("completion_tokens")
-    result.server_token_ids, result.tokens_match, result.requests = tokens_of(responses)
+    result.server_token_ids, result.tokens_match, result.requests = session.tokens_of(responses, result)
     if with_image:
         result.compared = ("prompt and generated token ids of a chat request with the image and of one with the prompt alone, "
                            "against the folder's processor and generate on the same messages")
@@ -428,20 +551,20 @@ def _smoke_vllm(model_dir, config, name, runtime, note, trust, prompt, max_token
         result.compared = "token ids (the prompt sent as token ids, the server returning its token ids)"
         if not result.tokens_match:
             result.error = f"vLLM's greedy tokens {result.server_token_ids} differ from transformers' generate {result.reference_token_ids}"
-    tp_ok = (report.get("parallel", {}).get("tp", {}).get("sizes", {}) or {}).get("2")
-    if tp2 is None:
-        tp2 = bool(tp_ok) and (os.cpu_count() or 1) >= 2 and result.error is None
-    if tp2:
-        if log:
-            log("again at tensor-parallel size 2")
-        saved_error, result.error = result.error, None
-        responses2, text2, stopped2, pid2 = one(2, "-tp2")
-        tokens2, ok2, _ = tokens_of(responses2) if responses2 else (None, False, None)
-        result.tp2 = {"ok": ok2 and stopped2, "predicted_loads": bool(tp_ok), "token_ids": tokens2, "server_stopped": stopped2, "server_pid": pid2,
-                      "error": result.error or (None if responses2 else load_error(text2))}
-        result.server_stopped = result.server_stopped and stopped2
-        result.error = saved_error
-    return _finish(result, work, t_start)
+
+
+def _again_at_tp2(session: VllmSession, predicted_loads: bool, result: ServeResult) -> None:
+    """The same requests at tensor-parallel size 2: ``result.tp2``; the TP 1 error, if any, stands."""
+    if session.ask.log:
+        session.ask.log("again at tensor-parallel size 2")
+    saved_error, result.error = result.error, None
+    answer = session.start(2, "-tp2", result)
+    responses2, text2, stopped2, pid2 = answer.responses, answer.log_text, answer.stopped, answer.pid
+    tokens2, ok2, _ = session.tokens_of(responses2, result) if responses2 else (None, False, None)
+    result.tp2 = {"ok": ok2 and stopped2, "predicted_loads": predicted_loads, "token_ids": tokens2, "server_stopped": stopped2, "server_pid": pid2,
+                  "error": result.error or (None if responses2 else load_error(text2))}
+    result.server_stopped = result.server_stopped and stopped2
+    result.error = saved_error
 
 
 def _fallback_ids(config: dict) -> list[int]:
@@ -452,17 +575,32 @@ def _fallback_ids(config: dict) -> list[int]:
 # ---------------------------------------------------------------------- reference generation (separate process)
 
 
-def reference_generate(model_dir: str, prompt: str, max_tokens: int, trust_remote_code: bool, server_text: str, timeout: float = 300.0,
-                       prompt_ids: list[int] | None = None, fallback_ids: list[int] | None = None, image_png: bytes | None = None,
-                       python: str | None = None) -> dict:
+@dataclass(frozen=True)
+class GenerateJob:
+    """transformers' greedy ``generate`` for a comparison: the folder, the prompt, how many tokens, whether to
+    trust its code, the server's text (re-encoded), the prompt's ids (or ids to fall back on when the
+    tokenizer does not load) and, multimodal, the image."""
+
+    model_dir: str
+    prompt: str
+    max_tokens: int
+    trust_remote_code: bool
+    server_text: str
+    prompt_ids: list[int] | None = None
+    fallback_ids: list[int] | None = None
+    image_png: bytes | None = None
+
+
+def reference_generate(generate: GenerateJob, *, timeout: float = 300.0, python: str | None = None) -> dict:
     """transformers' greedy ``generate`` in a separate process: on ``prompt_ids`` when given
     (no tokenizer needed), else on the tokenized ``prompt``; with ``image_png``, the chat
     requests of a multimodal folder (``serve_image.reference``)."""
+    g = generate
     with private_root("hfcheck-serve-ref-") as root:
-        if image_png is not None:
-            (root / "image.png").write_bytes(image_png)
-        job = {"model_dir": model_dir, "prompt": prompt, "max_tokens": max_tokens, "trust": trust_remote_code, "server_text": server_text,
-               "prompt_ids": prompt_ids, "fallback_ids": fallback_ids, "image": image_png is not None}
+        if g.image_png is not None:
+            (root / "image.png").write_bytes(g.image_png)
+        job = {"model_dir": g.model_dir, "prompt": g.prompt, "max_tokens": g.max_tokens, "trust": g.trust_remote_code, "server_text": g.server_text,
+               "prompt_ids": g.prompt_ids, "fallback_ids": g.fallback_ids, "image": g.image_png is not None}
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", CUDA_VISIBLE_DEVICES="", HF_MODULES_CACHE=str(root / "modules"))
         child, result = run_job([python or sys.executable, "-c", "from hfcheck.runtime.serve import reference_main; reference_main()", str(root)],
                                 root, job, timeout=timeout, env=env, cwd=Path.cwd())

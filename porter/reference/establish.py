@@ -18,7 +18,7 @@ from typing import Any
 
 from hfcheck.analyzer.instance.shrink import MAX_TINY_HEADS, first, head_counts, shrink_config
 from hfcheck.analyzer.remote import CodeIndex
-from hfcheck.porter.reference.run import ReferenceRun, run_reference
+from hfcheck.porter.reference.run import ReferenceRun, RemoteCode, RunSpec, run_reference
 from hfcheck.shared.environments import (
     NOT_INSTALLABLE,
     EnvError,
@@ -143,9 +143,8 @@ class _Original:
 
     def run(self, shims: bool = False) -> ReferenceRun:
         """One run of the original in the current environment, shrunk config and ids."""
-        return run_reference(self.env, self.source.code_files, self.auto_map, self.tiny, input_ids=self.ids,
-                             num_layers=int(first(self.tiny, "layers") or 0), seed=self.seed, meta_config=self.config,
-                             timeout=self.timeout, gpu_shims=shims)
+        spec = RunSpec(self.tiny, self.ids, int(first(self.tiny, "layers") or 0), seed=self.seed, meta_config=self.config, gpu_shims=shims)
+        return run_reference(self.env, RemoteCode(self.source.code_files, self.auto_map), spec, timeout=self.timeout)
 
     def with_optional(self, run: ReferenceRun, shims: bool = False) -> ReferenceRun:
         """A package the code imports optionally (in a try) but then requires (TeleChat:

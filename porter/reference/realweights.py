@@ -30,7 +30,13 @@ from hfcheck.isolation import child_env, private_root
 from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.reference.compare import compare
-from hfcheck.porter.reference.run import MEMORY_BUDGET_BYTES, run_reference
+from hfcheck.porter.reference.run import (
+    MEMORY_BUDGET_BYTES,
+    Checkpoint,
+    RemoteCode,
+    RunSpec,
+    run_reference,
+)
 
 TENSOR_BUDGET_BYTES = 1024**3  # float32 weights per process; the rest of the 2 GB is torch and activations
 VOCAB_ROWS = 2048
@@ -86,9 +92,9 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
     name = f"real weights ({keep} of {full_layers} layers, first {rows} vocabulary rows)" if truncate else f"real weights (all {full_layers} layers, first {rows} vocabulary rows)"
     original_cfg = _set(_set(source.config, "layers", keep) if truncate else source.config, "vocab", rows)
     ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(2)]
-    ref = run_reference(reference.env, source.code_files, source.config.get("auto_map") or {}, original_cfg, input_ids=ids, num_layers=keep,
-                        mode="checkpoint", checkpoint_dir=str(source.location), generate_tokens=0, timeout=timeout,
-                        gpu_shims=reference.gpu_shims, checkpoint_moved=_moved_after_layers(meta, layers_path, offset, full_layers, keep))
+    checkpoint = Checkpoint(str(source.location), tuple(_moved_after_layers(meta, layers_path, offset, full_layers, keep)))
+    spec = RunSpec(original_cfg, ids, keep, mode="checkpoint", checkpoint=checkpoint, generate_tokens=0, gpu_shims=reference.gpu_shims)
+    ref = run_reference(reference.env, RemoteCode(source.code_files, source.config.get("auto_map") or {}), spec, timeout=timeout)
     if not ref.ok:
         return {"name": name, "ok": False, "detail": f"the original on its checkpoint: {ref.error}", "peak_rss_bytes": ref.peak_rss_bytes}
     job: dict[str, Any] = {"out_dir": str(out_dir), "ids": ids, "keep": keep, "rows": rows}

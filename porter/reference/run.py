@@ -79,28 +79,64 @@ def model_key(auto_map: dict[str, Any]) -> str | None:
     return next((k for k, v in auto_map.items() if k.startswith("AutoModelFor") and isinstance(v, str)), None)
 
 
-def run_reference(env: ReferenceEnv, code_files: dict[str, str], auto_map: dict[str, Any], config: dict[str, Any], *,
-                  input_ids: list[list[int]], num_layers: int, mode: str = "random", seed: int = 0,
-                  checkpoint_dir: str | None = None, meta_config: dict[str, Any] | None = None, generate_tokens: int = 4,
-                  import_only: bool = False, threads: int = 1, timeout: float = DEFAULT_TIMEOUT_S, gpu_shims: bool = False,
-                  checkpoint_moved: list[tuple[str, str]] | None = None) -> ReferenceRun:
-    """Run the original (``code_files`` + ``config``) in ``env``; see ``child.py``."""
+@dataclass(frozen=True)
+class RemoteCode:
+    """The original's code files and the ``auto_map`` naming its classes."""
 
+    files: dict[str, str]
+    auto_map: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint folder to load instead of random weights, with the modules whose index moved ((truncated, original) prefixes)."""
+
+    dir: str
+    moved: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of the original: its config, the token ids, how many layers, where its weights come from and what it does."""
+
+    config: dict[str, Any]
+    input_ids: list[list[int]]
+    num_layers: int
+    mode: str = "random"
+    seed: int = 0
+    checkpoint: Checkpoint | None = None
+    meta_config: dict[str, Any] | None = None
+    generate_tokens: int = 4
+    import_only: bool = False
+    threads: int = 1
+    gpu_shims: bool = False
+
+    def job(self, code: RemoteCode, key: str, timeout: float) -> dict[str, Any]:
+        """What ``child.py`` reads."""
+        checkpoint = self.checkpoint
+        return {
+            "fence": fence.load_fence_source(), "auto_map": code.auto_map, "model_key": key, "config": self.config, "mode": self.mode,
+            "seed": self.seed, "input_ids": self.input_ids, "num_layers": self.num_layers, "generate_tokens": self.generate_tokens,
+            "meta_config": self.meta_config, "import_only": self.import_only, "threads": self.threads, "cpu_seconds": timeout * 2,
+            "checkpoint": {"dir": checkpoint.dir, "moved": list(checkpoint.moved)} if checkpoint else None,
+            "gpu_shims": GPU_ONLY if self.gpu_shims else None,
+        }
+
+
+def run_reference(env: ReferenceEnv, code: RemoteCode, spec: RunSpec, *, timeout: float = DEFAULT_TIMEOUT_S) -> ReferenceRun:
+    """Run the original (``code`` at ``spec.config``) in ``env``; see ``child.py``."""
+
+    auto_map = code.auto_map
     key = model_key(auto_map)
     if key is None or not isinstance(auto_map.get("AutoConfig"), str):
         return ReferenceRun(False, "auto_map names no AutoConfig and AutoModel class", None, {})
     with private_root("hfcheck-reference-") as root:
         try:
-            stage_code(code_files, root / "orig")
+            stage_code(code.files, root / "orig")
         except (ValueError, OSError) as exc:
             return ReferenceRun(False, f"cannot stage the remote code: {exc}", None, {})
-        job = {
-            "fence": fence.load_fence_source(), "auto_map": auto_map, "model_key": key, "config": config, "mode": mode,
-            "seed": seed, "input_ids": input_ids, "num_layers": num_layers, "generate_tokens": generate_tokens,
-            "meta_config": meta_config, "import_only": import_only, "threads": threads, "cpu_seconds": timeout * 2,
-            "checkpoint": {"dir": checkpoint_dir, "moved": list(checkpoint_moved or [])} if checkpoint_dir else None, "gpu_shims": GPU_ONLY if gpu_shims else None,
-        }
-        run, result = run_job([str(env.python), "-I", str(CHILD), str(root)], root, job, timeout=timeout, env=child_env(root, threads),
+        job = spec.job(code, key, timeout)
+        run, result = run_job([str(env.python), "-I", str(CHILD), str(root)], root, job, timeout=timeout, env=child_env(root, spec.threads),
                               max_rss_bytes=MEMORY_BUDGET_BYTES)
         result = result or {}
         tensors = {}

@@ -5,6 +5,8 @@ and the output projection, with its boundary variables, weights, mask, dropout a
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hfcheck.porter.rewrite.dataflow.graph import LAYOUT, Core, Dataflow
@@ -22,6 +24,32 @@ from hfcheck.porter.rewrite.dataflow.source import (
     stmt_span,
     to_bhsd_source,
 )
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The function whose statements hold the region: its source, its tree, the block the region is in,
+    its recorded frame (``uid``, ``frame``), the names bound before each statement, and its refuser."""
+
+    text: str
+    func: ast.FunctionDef
+    block: list[ast.stmt]
+    uid: int
+    frame: dict[str, Any]
+    names_at: Callable[[ast.stmt], dict[str, int | None]]
+    refuse: Callable[[int, str], Refuse]
+
+
+@dataclass(frozen=True)
+class RegionEnd:
+    """Where the region ends: the output projection's statement ``block[index]``, the names bound when it
+    starts, the variable it reads (``name``, dataflow node ``node``) and the line it is called on."""
+
+    index: int
+    names: dict[str, int | None]
+    name: str
+    node: int
+    call_line: int
 
 
 def plan_core(g: Dataflow, core: Core, files: dict[str, str], result: dict[str, Any]) -> CorePlan | CoreRefusal | None:
@@ -88,9 +116,7 @@ def _plan_in_helper(g: Dataflow, core: Core, files: dict[str, str]) -> CorePlan 
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == helper["function"]]
     if len(calls) != 1 or calls[0] is not stmt.value:
         raise refuse(call_in_forward, f"{cls}.{helper['function']} is called from more than this statement of forward")
-    core_file, core_line = g.where(core.op)
-    plan = _region(g, core, text, func, block, c_idx, len(block), helper_uid, helper, names_at, {}, target, x, helper_line, core_file,
-                   core_line, refuse)
+    plan = _region(g, core, Scope(text, func, block, helper_uid, helper, names_at, refuse), RegionEnd(len(block), {}, target, x, helper_line), c_idx)
     plan.function, plan.returns, plan.caller_line = helper["function"], True, stmt_span(stmt)[0]
     plan.caller_call = ast.get_source_segment(text, stmt.value) or ""
     if plan.mask != "None":  # the helper's parameter -> what forward passes for it
@@ -165,18 +191,20 @@ def _plan_in_forward(g: Dataflow, core: Core, files: dict[str, str], result: dic
         if not ran or any(g.ops[i]["op"] not in LAYOUT for i in ran) or not all(set(g.ops[i]["out"]) & needed for i in ran):
             break
         start -= 1
+    scope, end = Scope(text, func, block, uid, frame, names_at, refuse), RegionEnd(o_idx, at_proj, out_name, x, call_line)
     for s_idx in range(start, c_idx):
         try:
-            return _region(g, core, text, func, block, s_idx, o_idx, uid, frame, names_at, at_proj, out_name, x, call_line, core_file,
-                           core_line, refuse)
+            return _region(g, core, scope, end, s_idx)
         except Refuse:
             continue
-    return _region(g, core, text, func, block, c_idx, o_idx, uid, frame, names_at, at_proj, out_name, x, call_line, core_file, core_line,
-                   refuse)
+    return _region(g, core, scope, end, c_idx)
 
 
-def _region(g, core, text, func, block, start, o_idx, uid, frame, names_at, at_proj, out_name, x, call_line, core_file, core_line, refuse):
-    """The plan for the region ``block[start:o_idx]``, proven, or a refusal."""
+def _region(g: Dataflow, core: Core, scope: Scope, end: RegionEnd, start: int) -> CorePlan:
+    """The plan for the region ``block[start:end.index]``, proven, or a refusal."""
+    text, func, block, uid, frame, names_at, refuse = scope.text, scope.func, scope.block, scope.uid, scope.frame, scope.names_at, scope.refuse
+    o_idx, at_proj, out_name, x, call_line = end.index, end.names, end.name, end.node, end.call_line
+    core_file, core_line = g.where(core.op)
     cls, file = frame["self_class"], frame["file"]
     before = names_at(block[start])
     named = {}
