@@ -166,7 +166,7 @@ def test_a_wrong_reading_is_caught_by_the_proof(internlm_sample):
 
 
 def test_truncation_keeps_the_proof_under_budget():
-    from hfcheck.porter.reference.realweights import TENSOR_BUDGET_BYTES, truncation
+    from hfcheck.analyzer.instance.shrink import TENSOR_BUDGET_BYTES, truncation
 
     hidden, inter = 5120, 13824
     meta = {f"model.layers.0.{n}": s for n, s in {"q.weight": [hidden, hidden], "k.weight": [hidden, hidden], "v.weight": [hidden, hidden],

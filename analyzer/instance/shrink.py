@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import math
 import re
 from typing import Any
 
@@ -489,4 +490,40 @@ def shrink_config(config: dict[str, Any], *, layers: int = 2, head_dim: int = 16
     if isinstance(real_vocab, int) and real_vocab > vocab:
         ids = [i for i in _token_ids(config) if i < real_vocab]
         _set_all(out, "vocab", max([vocab] + [i + 1 for i in ids]))
+    return out
+
+
+# --- a real checkpoint cut to its first layers and vocabulary rows (the port's proof on real
+# weights, porter/reference/realweights.py): both sides run the same cut within the 2 GB budget.
+
+TENSOR_BUDGET_BYTES = 1024**3  # float32 weights per process; the rest of the 2 GB is torch and activations
+VOCAB_ROWS = 2048
+
+
+def truncation(meta_params: dict[str, list[int]], layers_path: str, layers: int, vocab: int, hidden: int, offset: int = 0) -> tuple[int, int, int]:
+    """(layers kept, vocabulary rows kept, bytes of one float32 layer)."""
+    prefix = f"{layers_path}.{offset}."
+    layer_bytes = 4 * sum(math.prod(shape) for key, shape in meta_params.items() if key.startswith(prefix))
+    rows = min(vocab, VOCAB_ROWS)
+    room = TENSOR_BUDGET_BYTES - 2 * 4 * rows * hidden
+    keep = 0 if layer_bytes <= 0 else max(0, min(2, layers, room // layer_bytes))
+    return int(keep), rows, layer_bytes
+
+
+def moved_after_layers(meta_params: dict[str, list[int]], layers_path: str, offset: int, layers: int, keep: int) -> list[tuple[str, str]]:
+    """Where the layers share an nn.Sequential with what follows them (MixFormer's head), the
+    truncated model's index of each such module against the checkpoint's."""
+    if not offset or keep >= layers:
+        return []
+    pattern = re.compile(re.escape(layers_path) + r"\.(\d+)\.")
+    after = sorted({int(m.group(1)) for k in meta_params if (m := pattern.match(k)) and int(m.group(1)) >= offset + layers})
+    return [(f"{layers_path}.{i - layers + keep}.", f"{layers_path}.{i}.") for i in after]
+
+
+def set_int_fields(config: dict[str, Any], kind: str, value: int) -> dict[str, Any]:
+    """A copy of ``config`` with every integer field of ``kind`` (``FIELDS``) set to ``value``."""
+    out = dict(config)
+    for name in FIELDS[kind]:
+        if name in out and isinstance(out[name], int) and not isinstance(out[name], bool):
+            out[name] = value
     return out

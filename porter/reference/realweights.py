@@ -18,14 +18,12 @@ fenced) loaded from ``--out``.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.instance.shrink import FIELDS, first
+from hfcheck.analyzer.instance.shrink import first, moved_after_layers, set_int_fields, truncation
 from hfcheck.isolation import child_env, private_root
 from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result
@@ -38,37 +36,7 @@ from hfcheck.porter.reference.run import (
     run_reference,
 )
 
-TENSOR_BUDGET_BYTES = 1024**3  # float32 weights per process; the rest of the 2 GB is torch and activations
-VOCAB_ROWS = 2048
 SEQUENCE = 12
-
-
-def truncation(meta_params: dict[str, list[int]], layers_path: str, layers: int, vocab: int, hidden: int, offset: int = 0) -> tuple[int, int, int]:
-    """(layers kept, vocabulary rows kept, bytes of one float32 layer)."""
-    prefix = f"{layers_path}.{offset}."
-    layer_bytes = 4 * sum(math.prod(shape) for key, shape in meta_params.items() if key.startswith(prefix))
-    rows = min(vocab, VOCAB_ROWS)
-    room = TENSOR_BUDGET_BYTES - 2 * 4 * rows * hidden
-    keep = 0 if layer_bytes <= 0 else max(0, min(2, layers, room // layer_bytes))
-    return int(keep), rows, layer_bytes
-
-
-def _moved_after_layers(meta_params: dict[str, list[int]], layers_path: str, offset: int, layers: int, keep: int) -> list[tuple[str, str]]:
-    """Where the layers share an nn.Sequential with what follows them (MixFormer's head), the
-    truncated model's index of each such module against the checkpoint's."""
-    if not offset or keep >= layers:
-        return []
-    pattern = re.compile(re.escape(layers_path) + r"\.(\d+)\.")
-    after = sorted({int(m.group(1)) for k in meta_params if (m := pattern.match(k)) and int(m.group(1)) >= offset + layers})
-    return [(f"{layers_path}.{i - layers + keep}.", f"{layers_path}.{i}.") for i in after]
-
-
-def _set(config: dict[str, Any], kind: str, value: int) -> dict[str, Any]:
-    out = dict(config)
-    for name in FIELDS[kind]:
-        if name in out and isinstance(out[name], int) and not isinstance(out[name], bool):
-            out[name] = value
-    return out
 
 
 def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[str, Any] | None = None, class_ref: str | None = None,
@@ -90,9 +58,9 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
                 "detail": f"not run: one decoder layer is {layer_bytes / 2**30:.1f} GiB in float32, over the proof's budget"}
     truncate = keep < full_layers  # all layers fit: both configs keep their own layer fields
     name = f"real weights ({keep} of {full_layers} layers, first {rows} vocabulary rows)" if truncate else f"real weights (all {full_layers} layers, first {rows} vocabulary rows)"
-    original_cfg = _set(_set(source.config, "layers", keep) if truncate else source.config, "vocab", rows)
+    original_cfg = set_int_fields(set_int_fields(source.config, "layers", keep) if truncate else source.config, "vocab", rows)
     ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(2)]
-    checkpoint = Checkpoint(str(source.location), tuple(_moved_after_layers(meta, layers_path, offset, full_layers, keep)))
+    checkpoint = Checkpoint(str(source.location), tuple(moved_after_layers(meta, layers_path, offset, full_layers, keep)))
     spec = RunSpec(original_cfg, ids, keep, mode="checkpoint", checkpoint=checkpoint, generate_tokens=0, gpu_shims=reference.gpu_shims)
     ref = run_reference(reference.env, RemoteCode(source.code_files, source.config.get("auto_map") or {}), spec, timeout=timeout)
     if not ref.ok:
@@ -108,7 +76,7 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
         job["class_ref"] = class_ref
         job["attn"] = ref.result.get("attn_default")  # the same implementation as the original's run
         ported = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
-        job["config"] = _set(_set(ported, "layers", keep) if truncate else ported, "vocab", rows)
+        job["config"] = set_int_fields(set_int_fields(ported, "layers", keep) if truncate else ported, "vocab", rows)
     with private_root("hfcheck-real-weights-") as root:
         bootstrap = "from hfcheck.porter.reference.realweights import child_main; child_main()"
         child, result = run_job([sys.executable, "-I", "-c", bootstrap, str(root)], root, job, timeout=timeout, env=child_env(root, 1),
