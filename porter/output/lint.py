@@ -47,6 +47,18 @@ class Finding:
         return {"file": self.file, "line": self.line, "rule": self.rule, "message": self.message, "matters": MATTERS.get(self.rule)}
 
 
+def _beyond(these: list[Finding], those: list[Finding]) -> list[Finding]:
+    """The findings of ``these`` left once each of ``those`` has cancelled one with its key."""
+    left = collections.Counter(f.key for f in those)
+    out = []
+    for finding in these:
+        if left[finding.key]:
+            left[finding.key] -= 1
+        else:
+            out.append(finding)
+    return out
+
+
 @dataclass
 class LintReport:
     available: bool
@@ -58,25 +70,12 @@ class LintReport:
     @property
     def introduced(self) -> list[Finding]:
         """Findings of the port that the original did not have (same file, rule and message)."""
-        left = collections.Counter(f.key for f in self.original)
-        out = []
-        for finding in self.ported:
-            if left[finding.key]:
-                left[finding.key] -= 1
-            else:
-                out.append(finding)
-        return out
+        return _beyond(self.ported, self.original)
 
     @property
     def fixed(self) -> list[Finding]:
-        left = collections.Counter(f.key for f in self.ported)
-        out = []
-        for finding in self.original:
-            if left[finding.key]:
-                left[finding.key] -= 1
-            else:
-                out.append(finding)
-        return out
+        """Findings of the original that the port no longer has."""
+        return _beyond(self.original, self.ported)
 
     def to_dict(self) -> dict[str, Any]:
         return {"available": self.available, "version": self.version, "error": self.error,
