@@ -78,7 +78,9 @@ CROSS_CHECK_SCHEMA: dict[str, Any] = {
 
 def supported(version: str | None) -> bool:
     """Is the installed vLLM the release predicted for (its private APIs are then the ones modelled)?"""
-    return bool(version) and version.split("+")[0] == modelled_version()
+    if not version:
+        return False
+    return version.split("+")[0] == modelled_version()
 
 
 def unavailable(version: str | None, why: str | None = None) -> dict[str, Any]:
@@ -391,6 +393,8 @@ def _err(exc: BaseException) -> str:
 
 def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, compared: dict[str, int]) -> None:
 
+    # the caller runs this only with a structural instance and its observations
+    assert analysis.instance is not None and analysis.observations is not None
     model, obs = analysis.instance.model, analysis.observations
     config = analysis.instance.config
     answers, vllm_attention = ask_fusers(api, model, stub_vllm_config(api, config, _text_config(config)))
@@ -403,8 +407,13 @@ def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, comp
             module = model.get_submodule(m.path) if m.path else model
             n += 1
             answer = answer_for[id(module)]
-            v_candidates = _err(answer.error) if answer.error is not None else answer.candidates
-            v_chosen = _err(answer.error) if answer.error is not None else answer.chosen
+            v_candidates: str | list[str] | None
+            v_chosen: str | list[str]
+            if answer.error is not None:
+                v_candidates = v_chosen = _err(answer.error)
+            else:
+                assert answer.chosen is not None  # set whenever vLLM raised nothing
+                v_candidates, v_chosen = answer.candidates, answer.chosen
             h_candidates = [p.name for p, _ in class_fusions(module).candidates]
             h_chosen = list(m.fusions) + (["attention"] if m.attention else [])
             if v_candidates != h_candidates:
@@ -422,6 +431,8 @@ def _fusions(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, comp
 
 def _moe(api: SimpleNamespace, analysis: Analysis, diffs: _Differences, compared: dict[str, int]) -> None:
 
+    # the caller runs this only with a structural instance and its observations
+    assert analysis.instance is not None and analysis.observations is not None
     model, obs = analysis.instance.model, analysis.observations
     mine = dict(obs.moe_blocks)
     text = _text_config(analysis.instance.config)

@@ -17,6 +17,7 @@ import copy
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import networkx as nx
 from torch import fx, nn
@@ -103,7 +104,7 @@ _NO_RECURSE = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.Conv1d, nn.Conv2d, nn.C
 
 def _decoder(model: nn.Module) -> nn.Module:
     try:
-        decoder = model.get_decoder()
+        decoder = cast(Any, model).get_decoder()  # a transformers model's, where it has one (else the except)
         if isinstance(decoder, nn.Module):
             return decoder
     except Exception:  # noqa: BLE001, S110 - no usable get_decoder: the model is its own decoder
@@ -246,7 +247,8 @@ class _Walk:
         if obs.layer_idx is not None:
             self.attention_by_layer[obs.layer_idx].append(obs.path)
         if cf.trace is not None and cf.trace.graph is not None and (kv := attention_key_value_linears(cf.trace.graph, module)):
-            obs.key_value_widths = (module.get_submodule(kv[0]).out_features, module.get_submodule(kv[1]).out_features)
+            k_proj, v_proj = (cast(nn.Linear, module.get_submodule(name)) for name in kv)  # linears, as found
+            obs.key_value_widths = (k_proj.out_features, v_proj.out_features)
 
     def _record_moe_block(self, module: nn.Module, path: str) -> set[str]:
         """Record the module as an MoE block where it is one; the names of the linears vLLM keeps as written."""

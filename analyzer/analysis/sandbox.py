@@ -206,7 +206,7 @@ def describe(model) -> list[tuple]:
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
-def rebuild(entries: list) -> Any:
+def rebuild(entries: object) -> Any:
     """A meta-device nn.Module tree with the same paths, class names, Linear sizes and
     parameter shapes (enough for hfcheck's size, plan and memory checks)."""
     import torch
@@ -248,6 +248,7 @@ def rebuild(entries: list) -> Any:
             shape = tuple(positive(s) for s in info.get("shape", ()))
             owner.register_parameter(name, nn.Parameter(torch.empty(shape, device="meta", dtype=dtype_of(info)), requires_grad=False))
             continue
+        module: nn.Module
         if kind == "linear":
             module = nn.Linear(positive(info.get("in")), positive(info.get("out")), bias=bool(info.get("bias")), device="meta", dtype=dtype_of(info))
         elif kind == "embedding":
@@ -279,7 +280,8 @@ def _instance_from(payload: dict):
     from hfcheck.analyzer.instance import TinyInstance
 
     model = rebuild(payload.get("skeleton"))
-    config_dict = payload.get("config") if isinstance(payload.get("config"), dict) else {}
+    raw_config = payload.get("config")
+    config_dict = raw_config if isinstance(raw_config, dict) else {}
     config_dict = {k: v for k, v in config_dict.items() if isinstance(k, str) and k not in ("auto_map", "text_config")}
     try:
         config = PretrainedConfig(**config_dict)

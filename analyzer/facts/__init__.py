@@ -131,7 +131,7 @@ def transformers_config(config: dict[str, Any]):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     model_type = config.get("model_type")
-    if model_type not in CONFIG_MAPPING:
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         return None
     kwargs = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version")}
     try:

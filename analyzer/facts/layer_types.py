@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PretrainedConfig
@@ -154,11 +154,11 @@ def _from_object(config: Any) -> list[str]:
 # --------------------------------------------------------------------------- mappings
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_kind_list(value: Any) -> bool:
+def _is_kind_list(value: Any) -> TypeGuard[Sequence[str]]:
     return (
         isinstance(value, Sequence)
         and not isinstance(value, (str, bytes))
@@ -320,6 +320,8 @@ _LAST_LAYER_FULL = frozenset(
 # --------------------------------------------------------------------------- helpers
 
 Rule = Callable[[Mapping[str, Any], int], "list[str] | None"]
+ListRule = Callable[[Mapping[str, Any], int], "list[str]"]
+"""A rule that always answers."""
 
 
 def _each(n: int, fn: Callable[[int], str]) -> list[str]:
@@ -330,7 +332,7 @@ def _all(kind: str) -> Rule:
     return lambda cfg, n: [kind] * n
 
 
-def _every(period: int, hit: str, miss: str, *, last_hit: bool = False, first_hit: bool = False) -> Rule:
+def _every(period: int, hit: str, miss: str, *, last_hit: bool = False, first_hit: bool = False) -> ListRule:
     """`hit` on layers i with (i + 1) % period == 0 (optionally also the last / first), else `miss`."""
 
     def rule(cfg: Mapping[str, Any], n: int) -> list[str]:
@@ -371,14 +373,14 @@ def _qwen2_window(sliding_default: int | None, max_window_default: int, *, gated
         window = _get(cfg, "sliding_window", sliding_default)
         if gated and not _get(cfg, "use_sliding_window", False):
             window = None
-        start = cfg.get("max_window_layers")
-        start = start if _is_int(start) else max_window_default
+        configured = cfg.get("max_window_layers")
+        start = configured if _is_int(configured) else max_window_default
         return _each(n, lambda i: "sliding_attention" if window is not None and i >= start else "full_attention")
 
     return rule
 
 
-def _global_window(sliding_default: int | None, *, gated: bool = False) -> Rule:
+def _global_window(sliding_default: int | None, *, gated: bool = False) -> ListRule:
     """Mistral-style: one `sliding_window` for every layer (transformers keeps no layer_types)."""
 
     def rule(cfg: Mapping[str, Any], n: int) -> list[str]:
@@ -484,9 +486,8 @@ def _nemotron_h(cfg: Mapping[str, Any], n: int) -> list[str]:
 
 
 def _recurrent_gemma(cfg: Mapping[str, Any], n: int) -> list[str]:
-    blocks = cfg.get("block_types")
-    if not _is_kind_list(blocks):
-        blocks = ["recurrent", "recurrent", "attention"]
+    configured = cfg.get("block_types")
+    blocks = configured if _is_kind_list(configured) else ["recurrent", "recurrent", "attention"]
     kinds = []
     for i in range(n):
         block = str(blocks[i % len(blocks)]).strip().lower()

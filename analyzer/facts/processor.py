@@ -95,8 +95,8 @@ def _class_name(files: ProcessorFiles, model_config: dict[str, Any]) -> tuple[st
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
     model_type = model_config.get("model_type")
-    name = PROCESSOR_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
-    return (name, f"model type {model_type!r}", False) if name else (None, None, False)
+    mapped = PROCESSOR_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    return (mapped, f"model type {model_type!r}", False) if mapped else (None, None, False)
 
 
 def collect_processor_facts(files: ProcessorFiles, model_config: dict[str, Any], *, build: bool = True) -> ProcessorFacts | None:

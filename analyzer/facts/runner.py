@@ -68,7 +68,7 @@ def architecture_defaults(architecture: str) -> tuple[str, str] | None:
 
 def backend_class(architectures: list[str], multimodal: bool, moe: bool) -> BackendClass:
     """The class vLLM resolves for ``--model-impl transformers`` with ``--runner auto``."""
-    runner, task = architecture_defaults(architectures[0]) if architectures and architecture_defaults(architectures[0]) else ("generate", "none")
+    runner, task = (architecture_defaults(architectures[0]) if architectures else None) or ("generate", "none")
     name = "Transformers" + ("MultiModal" if multimodal else "") + ("MoE" if moe else "")
     if runner == "pooling" and task == "embed":
         name += "EmbeddingModel"

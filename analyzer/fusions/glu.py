@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import operator
+from typing import cast
 
 from torch import fx, nn
 
@@ -55,7 +56,7 @@ def merge_glu(funcdef: ast.FunctionDef, gate: str, up: str, act: str, merged: st
     ]
     if len(muls) != 1:
         raise src.RewriteRefused("no single `act(gate(x)) * up(x)` multiply in the source")
-    gate_call.func.attr = merged
+    cast(ast.Attribute, gate_call.func).attr = merged  # single_call finds `self.<gate>(...)`
     src.replace_node(funcdef, muls[0], act_call)
 
 
@@ -78,7 +79,7 @@ class GLU(Pattern):
                 continue
             gate = act.args[0]
             if len(gate.args) == 1 and len(up.args) == 1 and isinstance(gate.args[0], fx.Node) and gate.args[0] is up.args[0]:
-                down = find(trace.graph, lambda n, mul=mul: is_linear(n, module) and peel(n.args[0]) is mul)
+                down = find(trace.graph, lambda n: is_linear(n, module) and peel(n.args[0]) is mul)
                 return Match(
                     cls.name,
                     (str(gate.target), str(up.target)),

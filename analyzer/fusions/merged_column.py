@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import cast
 
 from torch import nn
 
@@ -43,7 +44,7 @@ class MergedColumn(Pattern):
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
-        linears = [module.get_submodule(n) for n in match.projections]
+        linears = [cast(nn.Linear, module.get_submodule(n)) for n in match.projections]  # find matched linears
         if len({lin.in_features for lin in linears}) != 1:
             return "the parallel linears have different in-features"
         if len({lin.bias is None for lin in linears}) != 1:

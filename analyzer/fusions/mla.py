@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from typing import cast
 
 from torch import fx, nn
 
@@ -70,7 +71,7 @@ def expands_latent(module: nn.Module, method_name: str, kv_b: str) -> bool:
     """``self.<method>(kv_c_normed, k_pe)``: two inputs, every return a pair, applies ``kv_b``."""
     method = getattr(type(module), method_name, None)
     code = getattr(inspect.unwrap(method), "__code__", None) if method is not None else None
-    if code is None or code.co_argcount != 3 or kv_b not in code.co_names:
+    if method is None or code is None or code.co_argcount != 3 or kv_b not in code.co_names:
         return False
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
@@ -117,7 +118,8 @@ class MLA(Pattern):
             chains.append((source, node))
 
         def is_kv(chain: tuple[fx.Node, fx.Node]) -> bool:
-            return child(module, chain[0]).out_features != _norm_width(child(module, chain[1]))
+            # chain[0] came from upstream_linear: an nn.Linear
+            return cast(nn.Linear, child(module, chain[0])).out_features != _norm_width(child(module, chain[1]))
 
         kv_chains = [c for c in chains if is_kv(c)]
         q_chains = [c for c in chains if not is_kv(c)]
@@ -159,7 +161,9 @@ class MLA(Pattern):
         the KV expansion call bypassed so the latent reaches vLLM's MLA attention."""
         if "q_a_proj" in match.details:
             names = (match.details["q_a_proj"], match.details["kv_a_proj"])
-            src.merge_projections(funcdef, module, names, cls.merged_name(match), src.top_level, "q and kv down-projections")
+            merged = cls.merged_name(match)
+            assert merged is not None  # named whenever q_a_proj is in the match
+            src.merge_projections(funcdef, module, names, merged, src.top_level, "q and kv down-projections")
         bypass_latent_expansion(funcdef, module, match.details["kv_b_proj"])
 
     @classmethod

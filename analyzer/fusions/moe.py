@@ -20,6 +20,7 @@ import ast
 import inspect
 import textwrap
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from torch import fx, nn
 
@@ -152,7 +153,7 @@ def _unwrap(node: object, block: nn.Module) -> object:
             return node
 
 
-def _reads_input(node: object, x: fx.Node, block: nn.Module) -> bool:
+def _reads_input(node: object, x: fx.Node, block: nn.Module) -> TypeGuard[fx.Node]:
     return (
         isinstance(node, fx.Node)
         and node.op == "call_module"
@@ -375,6 +376,8 @@ def _routing(block: nn.Module, experts: nn.Module) -> _Routing:
         if _reads_input(shared, x, block):
             shared_name = str(shared.target)
         elif is_op(shared, "mul") and len(shared.args) == 2:
+            gated: object
+            expert: object
             for gated, expert in (shared.args, shared.args[::-1]):
                 gated, expert = peel(gated), peel(expert)
                 if is_op(gated, "sigmoid") and _reads_input(expert, x, block):

@@ -16,9 +16,11 @@ def _split_sizes(node: fx.Node) -> tuple[int, int] | None:
     if not is_method(node, "split") or len(node.args) < 2:
         return None
     sizes = node.args[1]
-    if not isinstance(sizes, (tuple, list)) or len(sizes) != 3 or not all(isinstance(s, int) for s in sizes):
+    if not isinstance(sizes, (tuple, list)) or len(sizes) != 3:
         return None
     q, k, v = sizes
+    if not (isinstance(q, int) and isinstance(k, int) and isinstance(v, int)):
+        return None
     return (q, k) if k == v and q >= k else None
 
 

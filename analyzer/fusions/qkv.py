@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import cast
 
 from torch import fx, nn
 
@@ -22,7 +23,7 @@ def linears_by_input(graph: fx.Graph, module: nn.Module) -> dict[fx.Node, list[f
     groups: dict[fx.Node, list[fx.Node]] = {}
     for node in graph.nodes:
         if is_linear(node, module) and reads_forward_input(node):
-            groups.setdefault(node.args[0], []).append(node)
+            groups.setdefault(cast(fx.Node, node.args[0]), []).append(node)  # reads_forward_input: a placeholder node
     return groups
 
 
@@ -37,7 +38,7 @@ class QKV(Pattern):
         if len(triples) != 1:
             return None
         nodes = triples[0]
-        outs = [child(module, n).out_features for n in nodes]
+        outs = [cast(nn.Linear, child(module, n)).out_features for n in nodes]  # is_linear: nn.Linear children
         if len(set(outs)) == 2:
             (q,) = (n for n, o in zip(nodes, outs) if outs.count(o) == 1)
             k, v = (n for n, o in zip(nodes, outs) if outs.count(o) == 2)
@@ -68,7 +69,7 @@ class QKV(Pattern):
 
     @classmethod
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
-        q, k, v = (module.get_submodule(n) for n in match.projections)
+        q, k, v = (cast(nn.Linear, module.get_submodule(n)) for n in match.projections)  # find matched linears
         head = getattr(module, "head_dim", None) or ctx.head_size
         if not q.in_features == k.in_features == v.in_features:
             return "q/k/v projections have different in-features"

@@ -25,6 +25,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeGuard
 
 from torch import nn
 
@@ -89,7 +90,7 @@ def compile_forward(funcdef: ast.FunctionDef, fn: Callable) -> Callable:
     return namespace[funcdef.name]
 
 
-def _self_attr(node: ast.AST, name: str) -> bool:
+def _self_attr(node: ast.AST, name: str) -> TypeGuard[ast.Attribute]:
     return (
         isinstance(node, ast.Attribute)
         and node.attr == name
@@ -313,14 +314,14 @@ def _aliases(funcdef: ast.FunctionDef, seed: set[str], module: nn.Module) -> set
     """``seed`` plus every name that may be a view of one of them, transitively."""
     names = set(seed)
     assigns = [
-        n for n in ast.walk(funcdef)
+        (n, n.value) for n in ast.walk(funcdef)
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None and not _fresh(n.value, module)
     ]
     changed = True
     while changed:
         changed = False
-        for node in assigns:
-            if not _aliasing_reads(node.value) & names:
+        for node, value in assigns:
+            if not _aliasing_reads(value) & names:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             stores = {c.id for t in targets for c in ast.walk(t) if isinstance(c, ast.Name) and isinstance(c.ctx, ast.Store)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from typing import TypeGuard
 
 import torch
 from torch import fx, nn
@@ -18,7 +19,7 @@ def child(module: nn.Module, node: fx.Node) -> nn.Module:
     return module.get_submodule(str(node.target))
 
 
-def is_linear(node: object, module: nn.Module) -> bool:
+def is_linear(node: object, module: nn.Module) -> TypeGuard[fx.Node]:
     """Is ``node`` a call of an ``nn.Linear`` child (subclasses included, as in vLLM)."""
     return (
         isinstance(node, fx.Node)
@@ -51,15 +52,15 @@ def linears_share_an_input(graph: fx.Graph, module: nn.Module) -> bool:
     return len(inputs) != len(set(inputs))
 
 
-def is_fn(node: object, target: object) -> bool:
+def is_fn(node: object, target: object) -> TypeGuard[fx.Node]:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
 
 
-def is_method(node: object, name: str) -> bool:
+def is_method(node: object, name: str) -> TypeGuard[fx.Node]:
     return isinstance(node, fx.Node) and node.op == "call_method" and node.target == name
 
 
-def is_op(node: object, name: str) -> bool:
+def is_op(node: object, name: str) -> TypeGuard[fx.Node]:
     """``torch.<name>``, ``F.<name>``, ``operator.<name>`` or the tensor method ``.<name>()``."""
     return any(is_fn(node, getattr(ns, name, None)) for ns in (torch, F, operator)) or (
         hasattr(torch.Tensor, name) and is_method(node, name)

@@ -22,7 +22,7 @@ import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, cast
 from unittest import mock
 
 import torch
@@ -61,7 +61,7 @@ class _ValueProxy(fx.Proxy):
     def __len__(self) -> int:
         if self.meta is not UNKNOWN:
             return len(self.meta)
-        return super().__len__()  # type: ignore[misc]
+        return super().__len__()
 
     def __getattr__(self, name: str) -> _ValueAttribute:
         return _ValueAttribute(self, name)
@@ -92,7 +92,7 @@ class LeafTracer(fx.Tracer):
     def proxy(self, node: fx.Node) -> fx.Proxy:
         return _ValueProxy(node, self)
 
-    def create_proxy(self, kind, target, args, kwargs, *rest, **rest_kwargs):  # type: ignore[override]
+    def create_proxy(self, kind, target, args, kwargs, *rest, **rest_kwargs):
         proxy = super().create_proxy(kind, target, args, kwargs, *rest, **rest_kwargs)
         if isinstance(proxy, _ValueProxy) and proxy.meta is UNKNOWN:
             with contextlib.suppress(Exception):
@@ -112,7 +112,7 @@ class LeafTracer(fx.Tracer):
             return torch.empty_like(value, device="meta") if isinstance(value, torch.Tensor) else value
         missing = False
 
-        def value_of(arg: object) -> object:
+        def value_of(arg: Any) -> Any:
             nonlocal missing
             if isinstance(arg, fx.Proxy):
                 value = getattr(arg, "meta", UNKNOWN)
@@ -146,7 +146,7 @@ class LeafTracer(fx.Tracer):
             and str(node.target).lstrip("*") == self.kwargs_name
         )
 
-    def iter(self, obj: fx.Proxy):  # type: ignore[override]
+    def iter(self, obj: fx.Proxy):
         node = obj.node
         if self._is_kwargs(node) or (
             node.op == "call_method" and node.target == "keys" and self._is_kwargs(node.args[0])
@@ -155,7 +155,8 @@ class LeafTracer(fx.Tracer):
         value = getattr(obj, "meta", UNKNOWN)
         if value is UNKNOWN:
             return super().iter(obj)
-        return iter([obj[i] for i in range(len(value))])
+        # fx.Proxy gains __getitem__ at runtime (its magic methods are set in a loop), unseen by mypy
+        return iter([obj[i] for i in range(len(value))])  # type: ignore[index]
 
 
 def is_opaque_call(node: object) -> bool:
@@ -170,7 +171,8 @@ def _opaque(fn: Callable, outputs: int) -> Callable:
         proxies = tuple(a for a in args if isinstance(a, fx.Proxy))
         if not proxies:
             return fn(*args, **kwargs)
-        proxy = proxies[0].tracer.create_proxy("call_function", fn, proxies, {})
+        # only installed while LeafTracer traces, whose proxies are _ValueProxy
+        proxy = cast(_ValueProxy, proxies[0].tracer.create_proxy("call_function", fn, proxies, {}))
         proxy.node.meta["opaque_call"] = True
         proxy.meta = (UNKNOWN,) * outputs
         return proxy
@@ -231,11 +233,13 @@ def trace_module(module: nn.Module) -> Trace:
     """Trace ``module.forward`` with every child a leaf; never raises."""
     parameters = forward_parameters(type(module))
     # vLLM makes ``past_key_values`` concrete None; 5.24 renamed it ``cache``, same treatment.
-    concrete = next(({name: None} for name in ("past_key_values", "cache") if name in parameters), None)
+    cache_names: tuple[str, ...] = ("past_key_values", "cache")
+    concrete: dict[str, Any] | None = next(({name: None} for name in cache_names if name in parameters), None)
     tracer = LeafTracer()
     tracer.kwargs_name = next(
         (p.name for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
     )
+    graph: fx.Graph | None
     try:
         with _opaque_attention_interfaces():
             graph = tracer.trace(module, concrete_args=concrete)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -73,7 +73,7 @@ def module_configs(model: nn.Module):
             yield config
 
 
-def _arch_class(config: Any) -> type | None:
+def _arch_class(config: Any) -> type[Any] | None:
     import transformers
 
     for arch in getattr(config, "architectures", None) or []:
@@ -140,8 +140,10 @@ def build_structural(facts: ModelFacts, cfg_obj: Any) -> TinyInstance:
             first = first or exc
             continue
         if problem is not None:
+            assert first is not None  # a way with a problem runs only after one failed
             instance.vllm_build_problem = f"{problem} ({_error_line(first)})"
         return instance
+    assert first is not None  # every way failed
     raise InstanceError(_error_line(first)) from None
 
 
@@ -191,7 +193,7 @@ class CheckpointNames:
     dropped: list[str]
 
 
-def generates(cls: type | None) -> bool:
+def generates(cls: type | None) -> TypeGuard[type[Any]]:
     """Is ``cls`` a text-generation class: one of transformers' causal-LM classes (vLLM then
     serves it with its generate runner and its causal-LM wrapper)?"""
     if cls is None:
@@ -201,7 +203,7 @@ def generates(cls: type | None) -> bool:
     return cls.__name__.endswith(("ForCausalLM", "LMHeadModel")) or cls.__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
-def checkpoint_names(facts: ModelFacts, cfg_obj: Any, cls: type | None, base: nn.Module | None) -> CheckpointNames | None:
+def checkpoint_names(facts: ModelFacts, cfg_obj: Any, cls: type[Any] | None, base: nn.Module | None) -> CheckpointNames | None:
     """Read the causal-LM class's parameter names against its base model, on the meta
     device at the structural layer cut; None where vLLM's causal-LM wrapper does not apply
     (no transformers class, a composite or non-causal class) or the class does not build."""

@@ -453,9 +453,9 @@ def shrink_config(config: dict[str, Any], *, layers: int = 2, head_dim: int = 16
             tiny_heads = tiny_kv * min(group, MAX_TINY_GROUP)
         _set_all(out, "heads", tiny_heads)
         _set_all(out, "kv_heads", tiny_kv)
-        nested = _nested_kv(out)
-        if nested is not None:
-            nested[0][nested[1]] = tiny_kv
+        kv_slot = _nested_kv(out)
+        if kv_slot is not None:
+            kv_slot[0][kv_slot[1]] = tiny_kv
         real_head_dim = first(config, "head_dim")
         if real_head_dim is None and isinstance(hidden, int):
             real_head_dim = hidden // heads

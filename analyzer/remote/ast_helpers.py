@@ -20,11 +20,12 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable, Iterator
+from typing import TypeGuard
 
 from hfcheck.analyzer.remote.index import FileIndex
 
 
-def is_self_attr(node: ast.AST, attr: str | None = None) -> bool:
+def is_self_attr(node: ast.AST, attr: str | None = None) -> TypeGuard[ast.Attribute]:
     return (
         isinstance(node, ast.Attribute)
         and isinstance(node.value, ast.Name)
@@ -157,8 +158,8 @@ def _transposed(node: ast.AST) -> bool:
     return False
 
 
-def _matmuls(file: FileIndex, funcdef: ast.AST) -> list[ast.AST]:
-    out: list[ast.AST] = []
+def _matmuls(file: FileIndex, funcdef: ast.AST) -> list[ast.expr]:
+    out: list[ast.expr] = []
     for node in ast.walk(funcdef):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
             out.append(node)
@@ -181,7 +182,7 @@ def _softmaxes(file: FileIndex, funcdef: ast.AST) -> list[ast.Call]:
     return out
 
 
-def attention_by_hand(file: FileIndex, funcdef: ast.AST) -> tuple[ast.AST, str] | None:
+def attention_by_hand(file: FileIndex, funcdef: ast.AST) -> tuple[ast.expr, str] | None:
     """(node, what) when ``funcdef`` computes attention itself: a direct SDPA / flash_attn
     call, or softmax(Q K^T) V written with matmuls."""
     for node in ast.walk(funcdef):

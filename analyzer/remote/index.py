@@ -215,12 +215,14 @@ def _class_info(index: FileIndex, node: ast.ClassDef) -> ClassInfo:
             info.class_assigns[stmt.target.id] = (stmt.value, stmt.lineno)
     for name, method in info.methods.items():
         for sub in ast.walk(method):
-            targets: list[ast.expr] = []
-            value = None
+            targets: list[ast.expr]
+            value: ast.expr
             if isinstance(sub, ast.Assign):
                 targets, value = sub.targets, sub.value
             elif isinstance(sub, ast.AnnAssign) and sub.value is not None:
                 targets, value = [sub.target], sub.value
+            else:
+                continue
             for target in targets:
                 for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":

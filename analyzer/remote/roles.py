@@ -73,7 +73,7 @@ def _repeated_blocks(cls: ClassInfo) -> ast.expr | None:
     init = cls.methods.get("__init__")
     if init is None:
         return None
-    comps = [n.elt for n in ast.walk(init) if isinstance(n, (ast.ListComp, ast.GeneratorExp)) and isinstance(n.elt, ast.Call)]
+    comps: list[ast.expr] = [n.elt for n in ast.walk(init) if isinstance(n, (ast.ListComp, ast.GeneratorExp)) and isinstance(n.elt, ast.Call)]
     return ast.List(elts=comps, ctx=ast.Load()) if comps else None
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hfcheck.analyzer.findings.rule import Rule
 from hfcheck.analyzer.report.policy import enforced
 from hfcheck.analyzer.rules.registry import RULES
 
@@ -64,9 +65,9 @@ def default_model_dir(report: dict[str, Any], cwd: str | os.PathLike | None = No
     return "" if norm == "." else norm
 
 
-def _join(model_dir: str, file: str) -> str:
-    file = str(file).replace("\\", "/")
-    return posixpath.normpath(posixpath.join(model_dir, file) if model_dir and not file.startswith("/") else file)
+def _join(model_dir: str, file: object) -> str:
+    path = str(file).replace("\\", "/")
+    return posixpath.normpath(posixpath.join(model_dir, path) if model_dir and not path.startswith("/") else path)
 
 
 def _line(value: Any) -> int:
@@ -111,7 +112,7 @@ def problems(report: dict[str, Any], model_dir: str | None = None) -> list[Probl
     return out
 
 
-def _rule_descriptor(rule: type) -> dict[str, Any]:
+def _rule_descriptor(rule: type[Rule]) -> dict[str, Any]:
     doc = rule.documentation()
     return {
         "id": rule.code,
@@ -124,7 +125,7 @@ def _rule_descriptor(rule: type) -> dict[str, Any]:
     }
 
 
-def _help_markdown(rule: type) -> str:
+def _help_markdown(rule: type[Rule]) -> str:
     return (
         f"**{rule.code} {rule.name}** (impact: {rule.impact})\n\n"
         f"**What it checks.** {rule.what}\n\n**Why it matters.** {rule.why}\n\n"

@@ -125,12 +125,14 @@ def _layers(analysis: Analysis) -> list[dict[str, Any]]:
     """Per layer, whether attention goes through the interface: observed where the tiny instance kept it, else assumed."""
     obs = analysis.observations
     layer_attention = obs.attention_by_layer if obs else {}
+    # observations come from the tiny instance: where there are some, there is one
+    kept = analysis.instance.kept_layers if analysis.instance is not None else 0
     return [
         {
             "index": i,
             "type": kind,
-            "attention_interface": (i in layer_attention) if (obs and i < analysis.instance.kept_layers) else kind in V.SOFTMAX_LAYER_KINDS,
-            "observed": bool(obs and i < analysis.instance.kept_layers),
+            "attention_interface": (i in layer_attention) if (obs and i < kept) else kind in V.SOFTMAX_LAYER_KINDS,
+            "observed": bool(obs and i < kept),
         }
         for i, kind in enumerate(analysis.facts.layer_types)
     ]

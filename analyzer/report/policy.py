@@ -142,7 +142,7 @@ def _read(path: Path) -> Any:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             try:
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib
             except ModuleNotFoundError:
                 raise PolicyError(f"{path}: reading TOML needs Python 3.11+ (or the tomli package); use a .yaml policy") from None
         try:

@@ -88,7 +88,7 @@ def proof_findings(proofs: Iterable[Any]) -> list[Finding]:
     for p in proofs:
         record = p if isinstance(p, dict) else p.to_dict()
         if record.get("status") == "failed":
-            impact = PROOF_IMPACT.get(record.get("kind"), "parallel")
+            impact = PROOF_IMPACT.get(record.get("kind", ""), "parallel")
             out.append(Finding("proof", "fail", record.get("claim", ""), None, impact))  # type: ignore[arg-type]
     return out
 

@@ -8,6 +8,8 @@ these rules add what only the pooling classes do.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.facts.runner import backend_class
 from hfcheck.analyzer.findings.rule import Finding, Rule
@@ -103,7 +105,8 @@ class PoolingForwardAsCalled(Rule):
         except InstanceError as exc:
             return [self.inconclusive(f"no runnable small instance to call: {exc}")]
         text = text_config_of(tiny.config)
-        vocab = tiny.model.get_input_embeddings().weight.shape[0]
+        # build_tiny builds a transformers model (PreTrainedModel), whose input embeddings hold a weight
+        vocab = cast(Any, tiny.model).get_input_embeddings().weight.shape[0]
         pad = getattr(text, "pad_token_id", None)
         ids = [i % vocab for i in PROBE_IDS if i % vocab != pad] or [0]
         positions = vllm_positions(getattr(text, "model_type", ""), pad, len(ids))

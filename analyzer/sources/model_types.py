@@ -196,9 +196,10 @@ def type_source(model_type: str, section: str = CAUSAL):
 
 def prepare(target: Target):
     """The target's ModelSource; TargetError (one line) when there is none."""
-    if target.is_type:
+    if target.model_type is not None:  # target.is_type
         return type_source(target.model_type, target.section)
 
+    assert target.ref is not None  # a target is a model type or a reference
     try:
         return resolve(target.ref)
     except SourceError as exc:

@@ -129,7 +129,9 @@ def installed_is_cpu_build() -> bool:
 def installed_is_modelled() -> bool:
     """Is the installed vLLM exactly a modelled release (so its own code may be read)?"""
     installed = installed_vllm_version()
-    return bool(installed) and installed.split("+")[0] in releases()
+    if not installed:
+        return False
+    return installed.split("+")[0] in releases()
 
 
 def modelled_version() -> str:

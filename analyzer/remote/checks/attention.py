@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from typing import cast
 
 from hfcheck.analyzer.remote.ast_helpers import (
     accepts_kwargs,
@@ -267,8 +268,9 @@ def check_kwargs(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
         calls = [n for n in ast.walk(forward) if isinstance(n, ast.Call) and any(is_self_attr(n.func, a) for a in attrs)]
         if calls and not any(has_kwargs_expansion(c) for c in calls):
             problems += 1
-            yield CodeFinding("HFC804", "fail", owner.file, calls[0].lineno, f"{layer.name}.forward calls self.{calls[0].func.attr} without **kwargs",
-                              f"Call `self.{calls[0].func.attr}(..., **kwargs)`.")
+            called = cast(ast.Attribute, calls[0].func).attr  # is_self_attr: an attribute of self
+            yield CodeFinding("HFC804", "fail", owner.file, calls[0].lineno, f"{layer.name}.forward calls self.{called} without **kwargs",
+                              f"Call `self.{called}(..., **kwargs)`.")
     for name, (cls, _) in roles.attention.items():
         found = index.method(cls, "forward")
         if found is None:

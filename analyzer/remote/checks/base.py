@@ -29,7 +29,7 @@ class RemoteCodeRule(Rule):
     """A rule whose findings come from the static analysis, filtered by ``code``: the
     documentation of one HFC8xx code, kept beside the check that reports it."""
 
-    none: ClassVar[str] = "nothing to report"
+    none: ClassVar[str | None] = "nothing to report"
     """Pass message when the code was read and this check found nothing (None: no finding)."""
     observed_by: ClassVar[str | None] = None
     """The rule that decides the same question on the built model. When the sandbox built it

@@ -74,6 +74,8 @@ def _in_file(file: FileIndex) -> Iterator[Construct]:
             yield Construct(KERNEL_PACKAGES[top], file.path, imp.line, at(imp.line))
         elif top == "transformers" and imp.name in TRANSFORMERS_NAMES:
             yield Construct(TRANSFORMERS_NAMES[imp.name], file.path, imp.line, at(imp.line))
+    if file.tree is None:  # the caller reads only files that parsed
+        return
     for node in ast.walk(file.tree):
         if isinstance(node, ast.Call):
             name = file.call_name(node) or ""

@@ -33,7 +33,7 @@ def counts_experts(node: ast.AST) -> bool:
 
 def param_rank(file: FileIndex, value: ast.expr) -> int | None:
     """Rank of ``nn.Parameter(torch.empty(a, b, c))`` (or ``torch.zeros((a, b, c))``)."""
-    if not is_call_to(file, value, "Parameter") or not value.args:
+    if not (isinstance(value, ast.Call) and is_call_to(file, value, "Parameter")) or not value.args:
         return None
     inner = value.args[0]
     if not isinstance(inner, ast.Call):
@@ -47,7 +47,7 @@ def param_rank(file: FileIndex, value: ast.expr) -> int | None:
 
 
 def check_moe(index: CodeIndex, roles: Roles, config: dict[str, Any]) -> Iterator[CodeFinding]:
-    declared = any(isinstance(config.get(f), int) and config.get(f) > 0 for f in EXPERT_COUNT_FIELDS) if isinstance(config, dict) else False
+    declared = any(isinstance(n := config.get(f), int) and n > 0 for f in EXPERT_COUNT_FIELDS) if isinstance(config, dict) else False
     found_any = False
     for cls in index.classes:
         if not index.is_module(cls):
@@ -94,7 +94,7 @@ def _check_experts_class(index: CodeIndex, block: ClassInfo, experts: ClassInfo,
                     bad = True
                     yield CodeFinding("HFC808", "fail", c.file, aline, f"{experts.name}.{attr} is a {rank}-D parameter: vLLM replaces experts only when every parameter is 3-D [experts, out, in]",
                                       "Store expert weights as 3-D tensors (gate_up_proj [E, 2I, H], down_proj [E, H, I]); fold biases away or keep them outside `experts`.")
-                elif is_call_to(file, value, "Linear") or is_call_to(file, value, "Embedding"):
+                elif isinstance(value, ast.Call) and (is_call_to(file, value, "Linear") or is_call_to(file, value, "Embedding")):
                     bad = True
                     yield CodeFinding("HFC808", "fail", c.file, aline, f"{experts.name}.{attr} is a {ast.unparse(value.func)} (2-D weight) inside the experts module",
                                       "Keep only 3-D expert parameters in `experts`.")

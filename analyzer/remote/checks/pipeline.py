@@ -58,6 +58,7 @@ def _forward_reads(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
             names = [t] if isinstance(t, ast.Name) else [e for e in getattr(t, "elts", []) if isinstance(e, ast.Name)][-1:]
             loop_names |= {n.id for n in names}
     custom_children = set()
+    assert base is not None  # found a forward of it above
     for c in index.mro(base):
         for attr, assigns in c.self_assigns.items():
             for value, _, method in assigns:

@@ -112,7 +112,7 @@ def classify_call(file: FileIndex, call: ast.Call) -> tuple[str, str] | None:
         if _path_allowed(file, call, dest):
             return None
         return "HFC824", f"{name}()"
-    if method in _WRITE_METHODS and not name.startswith("self."):
+    if method in _WRITE_METHODS and isinstance(call.func, ast.Attribute) and not name.startswith("self."):
         if _path_allowed(file, call, call.func.value):
             return None
         return "HFC824", f".{method}() on {ast.unparse(call.func.value)}"
@@ -216,7 +216,7 @@ def _side_effects(file: FileIndex, flagged_lines: set[int]) -> Iterator[CodeFind
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 for t in targets:
                     if isinstance(t, (ast.Attribute, ast.Subscript)):
-                        root = t
+                        root: ast.expr = t
                         while isinstance(root, (ast.Attribute, ast.Subscript)):
                             root = root.value
                         if isinstance(root, ast.Name) and root.id in modules:
@@ -224,7 +224,8 @@ def _side_effects(file: FileIndex, flagged_lines: set[int]) -> Iterator[CodeFind
                                               "Do not patch other modules or the environment from modeling code.")
                             break
 
-    yield from visit(file.tree.body)
+    if file.tree is not None:  # the caller reads only files that parsed
+        yield from visit(file.tree.body)
 
 
 # --------------------------------------------------------------------------- the codes, documented
