@@ -15,4 +15,5 @@ builds them, so these stay unimportable here (``import kernels`` raises; transfo
 availability check sees none), unless imported before hfcheck."""
 
 for _name in ABSENT_FROM_VLLM:
-    sys.modules.setdefault(_name, None)
+    # None in sys.modules is the import system's documented "blocked" entry; typeshed omits it
+    sys.modules.setdefault(_name, None)  # type: ignore[arg-type]

@@ -95,7 +95,7 @@ def block_sockets(fence: Fence) -> None:
             fence.refuse(f"network: socket.socket{_short(args)}")
 
     socket.socket = BlockedSocket  # type: ignore[misc]
-    socket.SocketType = BlockedSocket  # type: ignore[misc]
+    socket.SocketType = BlockedSocket
     _socket.socket = BlockedSocket  # type: ignore[misc]
     for name in ("create_connection", "create_server", "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "socketpair", "fromfd"):
         if hasattr(socket, name):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -17,6 +18,6 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 class Parser(argparse.ArgumentParser):
     """``argparse`` with hfcheck's one-line usage errors (exit 2, argparse's own convention)."""
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"hfcheck: error: {message}\n")
         raise SystemExit(EXIT_ERROR)

@@ -241,7 +241,7 @@ def _staged(root: Path, name: str, final: Path) -> Iterator[tuple[Path, Path, Pa
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _base_env(root: Path, log_fn: Callable[[str], None] | None) -> Path:
+def _base_env(root: Path, log_fn: Callable[[str], object] | None) -> Path:
     """The shared torch environment (built once)."""
     req = torch_requirement()
     name = "torch-" + re.sub(r"[^A-Za-z0-9.]+", "_", req)[:60] + f"-py{sys.version_info.major}{sys.version_info.minor}"
@@ -283,7 +283,7 @@ def own_env(spec: EnvSpec) -> ReferenceEnv | None:
     return ReferenceEnv(spec, Path(sys.prefix), Path(sys.executable), versions)
 
 
-def ensure_env(spec: EnvSpec, log_fn: Callable[[str], None] | None = None) -> ReferenceEnv:
+def ensure_env(spec: EnvSpec, log_fn: Callable[[str], object] | None = None) -> ReferenceEnv:
     """The environment for ``spec``, built when missing. Raises EnvError with one line."""
     mine = own_env(spec)
     if mine is not None:
@@ -299,7 +299,7 @@ def ensure_env(spec: EnvSpec, log_fn: Callable[[str], None] | None = None) -> Re
 
 
 def ensure_venv(name: str, requirements: list[str], *, what: str, uninstall: tuple[str, ...] = (), check: Callable[[dict[str, str]], None] | None = None,
-                log_fn: Callable[[str], None] | None = None,
+                log_fn: Callable[[str], object] | None = None,
                 finish: Callable[[Path, Path, Path], None] | None = None) -> tuple[Path, dict[str, str], float | None]:
     """A cached virtual environment ``name`` over the shared torch one, with ``requirements``
     installed (and ``uninstall`` removed afterwards, then ``finish(python, site-packages, log)``
@@ -397,7 +397,7 @@ def analysis_requirements(transformers: str) -> list[str]:
     return reqs
 
 
-def ensure_analysis_env(transformers: str, log_fn: Callable[[str], None] | None = None) -> Path:
+def ensure_analysis_env(transformers: str, log_fn: Callable[[str], object] | None = None) -> Path:
     """The Python of a cached environment where hfcheck analyses with transformers
     ``transformers`` (built on first use: about 30 s over the shared torch; raises EnvError).
 
