@@ -78,7 +78,8 @@ def _output_to(path: Path):
 def context_length(config: dict[str, Any], wanted: int) -> int:
     """The ``max_model_len`` to give vLLM: ``wanted``, or less where the model's positions end
     sooner (vLLM refuses a longer one): config.json's text config, first of its position fields."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text = nested if isinstance(nested, dict) else config
     for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         value = text.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:

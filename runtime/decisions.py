@@ -89,7 +89,7 @@ def load_error(log: str) -> str | None:
     """The line that says why vLLM did not start (the last exception-looking line). Where that
     is the engine's "Worker failed with error ''" (a bare ``assert`` in the worker), the worker's
     own exception and the source line that raised it instead."""
-    candidates = []
+    candidates: list[str] = []
     source = None
     for line in log.splitlines():
         text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def reference(model_dir: str, prompt: str, png: bytes, max_tokens: int, trust: b
     return out
 
 
-def compare(reference_requests: list[dict[str, Any]], responses: list[dict[str, Any] | None]) -> list[dict[str, Any]]:
+def compare(reference_requests: list[dict[str, Any]], responses: Sequence[dict[str, Any] | None]) -> list[dict[str, Any]]:
     """One row per request: vLLM's prompt and generated ids beside transformers'; ``tokens_match``
     only when the prompts are the same ids and so are the tokens."""
     rows = []

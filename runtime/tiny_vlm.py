@@ -50,13 +50,13 @@ def _save(model_cls: type, config: Any, processor: Any, folder: Path, seed: int)
     model_cls(config).eval().save_pretrained(folder)
 
 
-def _text_sizes(vocab: int) -> dict[str, int]:
+def _text_sizes(vocab: int) -> dict[str, Any]:
     return {"vocab_size": vocab, "hidden_size": 2 * HEAD_DIM, "intermediate_size": 4 * HEAD_DIM, "num_hidden_layers": 2,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": HEAD_DIM, "max_position_embeddings": 128,
             "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}
 
 
-def _vision_sizes() -> dict[str, int]:
+def _vision_sizes() -> dict[str, Any]:
     return {"hidden_size": 2 * HEAD_DIM, "intermediate_size": 4 * HEAD_DIM, "num_hidden_layers": 2, "num_attention_heads": 2,
             "image_size": IMAGE_SIDE, "patch_size": PATCH}
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
+from typing import Any
 
 SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 )
-_LIBRARY = []  # keeps the torch.library.Library (and with it the declarations) alive
+_LIBRARY: list[Any] = []  # keeps the torch.library.Library (and with it the declarations) alive
 
 
 class _DeclareOnFirstImport(importlib.abc.MetaPathFinder):

@@ -37,7 +37,7 @@ def _tower(config: Any) -> Any:
     return next((getattr(config, k) for k in VISION_KEYS if getattr(config, k, None) is not None and not isinstance(getattr(config, k), (dict, str))), None)
 
 
-def _processor_classes(model_type: str) -> tuple[type, dict[str, type]]:
+def _processor_classes(model_type: str) -> tuple[type[Any], dict[str, type]]:
     """(processor class, {sub-processor attribute: class}) transformers maps the type to: its
     image processor (the PIL variant where there is one, else torchvision's) and, where the
     processor takes one, its video processor (torchvision)."""
@@ -72,7 +72,7 @@ def _processor_classes(model_type: str) -> tuple[type, dict[str, type]]:
     return processor, classes
 
 
-def _needed_tokens(processor_cls: type) -> dict[str, str]:
+def _needed_tokens(processor_cls: type[Any]) -> dict[str, str]:
     """Special tokens the processor reads off its tokenizer (``tokenizer.boi_token``), with the
     processor's own default where its signature has one (``image_token="<image>"``)."""
 
@@ -96,7 +96,7 @@ def _grid_tokens(config: Any) -> int | None:
     return (side // patch) ** 2 if isinstance(side, int) and isinstance(patch, int) and patch else None
 
 
-def _processor_candidates(processor_cls: type, config: Any) -> list[dict[str, Any]]:
+def _processor_candidates(processor_cls: type[Any], config: Any) -> list[dict[str, Any]]:
     """Keyword sets to try for the processor's size arguments, from the config (the folder's
     processor and model must agree on how many tokens an image takes; the forward decides)."""
 
