@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from math import gcd
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -277,7 +277,7 @@ def build_subject(facts, cfg_obj, seed: int = 0, batch: int = 2, seq: int = 12) 
     _sharpen(model, seed)
     text = config.get_text_config()
     gen = torch.Generator().manual_seed(seed + 2)
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = input_embeddings(model).num_embeddings
     ids = torch.randint(0, vocab, (batch, seq), generator=gen)
     heads = next((getattr(text, f) for f in V.HEAD_FIELDS if isinstance(getattr(text, f, None), int)), 0)
     kv = next((getattr(text, f) for f in V.KV_HEAD_FIELDS if isinstance(getattr(text, f, None), int)), heads)
@@ -289,9 +289,15 @@ def build_subject(facts, cfg_obj, seed: int = 0, batch: int = 2, seq: int = 12) 
 # --- running and recording -----------------------------------------------------------
 
 
+def input_embeddings(model: nn.Module) -> nn.Embedding:
+    """The input embedding table of a transformers model (``get_input_embeddings``, which
+    nn.Module's typing does not know)."""
+    return cast(Any, model).get_input_embeddings()
+
+
 def logits_of(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Logits through the (tied) vocab table: what vLLM's lm_head computes."""
-    weight = model.get_input_embeddings().weight
+    weight = input_embeddings(model).weight
     return hidden @ weight.t()
 
 

@@ -18,8 +18,8 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from multiprocessing.connection import wait
-from typing import Any
+from multiprocessing.connection import Connection, wait
+from typing import Any, cast
 
 from hfcheck.isolation.process import die_with_parent, end_processes
 
@@ -112,12 +112,13 @@ def _launch_once(world: int, task: Callable[[int, int], Any], timeout_s: float, 
             for obj in wait(list(readers) + pending, timeout=left):
                 if obj not in readers:
                     continue  # a sentinel: its pipe is ready too (result or EOF) and is read below
-                rank = readers.pop(obj)
+                conn = cast(Connection, obj)  # one of readers' pipes
+                rank = readers.pop(conn)
                 try:
-                    message = obj.recv()
+                    message = conn.recv()
                 except (EOFError, OSError):
                     message = ("error", f"exited (code {procs[rank].exitcode}) without a result", "")
-                obj.close()
+                conn.close()
                 if message[0] != "ok":
                     if aborted:
                         done[rank] = True

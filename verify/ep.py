@@ -5,6 +5,8 @@ outputs are all-reduced. Compared with the unsharded model."""
 
 from __future__ import annotations
 
+from collections.abc import Sized
+
 from hfcheck.verify.common import Proof, Subject, Timer, generic
 from hfcheck.verify.fusion import find_sites, fusion_context
 from hfcheck.verify.shard import predicted_plan
@@ -33,6 +35,6 @@ def prove_ep(subject: Subject, facts, size: int = 2, with_tp: bool = True, timeo
         return Proof(f"EP {size}", "ep", "not_applicable", None, timer.seconds, "no MoE block whose experts vLLM replaces")
     plan = ep_plan(subject, facts, size, with_tp, sites)
     experts = subject.model.get_submodule(blocks[0].path).experts
-    count = getattr(experts, "num_experts", None) or (len(experts) if hasattr(experts, "__len__") else None)
+    count = getattr(experts, "num_experts", None) or (len(experts) if isinstance(experts, Sized) else None)
     claim = f"EP {size}: {count or '?'} experts per MoE block over {size} ranks" + (" (with TP 2 elsewhere)" if with_tp else "") + " reproduces the unsharded output"
     return prove_sharded(subject, plan, sites, claim, "ep", size, timeout_s, timer)

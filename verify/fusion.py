@@ -26,7 +26,7 @@ import copy
 import types
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -120,6 +120,11 @@ def _eps_of(module: nn.Module) -> float:
     return torch.finfo(torch.float32).eps
 
 
+def _linear(module: nn.Module, name: str) -> nn.Linear:
+    """A projection the analyzer matched: an nn.Linear child (subclasses included)."""
+    return cast(nn.Linear, module.get_submodule(name))
+
+
 def _set_child(model: nn.Module, path: str, new: nn.Module) -> None:
     parent, _, name = path.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, name, new)
@@ -131,8 +136,9 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
     if f == "qkv" or f == "merged_column":
         names = site.projections
         merged = merged_name(site)
+        assert merged is not None  # qkv and merged_column name their merged linear
         forward = fused_forward(module, site.match)
-        setattr(module, merged, L.MergedLinear([module.get_submodule(n) for n in names]))
+        setattr(module, merged, L.MergedLinear([_linear(module, n) for n in names]))
         for n in names:
             delattr(module, n)
         _bind(module, forward)
@@ -144,17 +150,19 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
         if kernel is None:
             raise ValueError(f"no act-and-mul kernel for {type(module.get_submodule(act)).__name__}")
         forward = fused_forward(module, site.match)
-        merged = L.MergedLinear([module.get_submodule(gate), module.get_submodule(up)])
+        gate_up = L.MergedLinear([_linear(module, gate), _linear(module, up)])
+        merged = merged_name(site)
+        assert merged is not None  # glu names its merged linear
         delattr(module, gate)
         delattr(module, up)
-        setattr(module, merged_name(site), merged)
+        setattr(module, merged, gate_up)
         setattr(module, act, L.ActAndMul(kernel))
         _bind(module, forward)
     elif f == "packed_qkv":
         (name,) = site.projections
         q, kv = site.details["q_size"], site.details["kv_size"]
         forward = fused_forward(module, site.match)
-        linear = module.get_submodule(name)
+        linear = _linear(module, name)
         parts = [nn.Linear(linear.in_features, s, bias=linear.bias is not None) for s in (q, kv, kv)]
         with torch.no_grad():
             for part, w, b in zip(parts, linear.weight.split([q, kv, kv]), (linear.bias.split([q, kv, kv]) if linear.bias is not None else (None,) * 3)):
@@ -168,12 +176,15 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
         q_a, kv_a = site.details.get("q_a_proj"), site.details["kv_a_proj"]
         forward = fused_forward(module, site.match)
         if q_a is not None:
-            setattr(module, merged_name(site), L.MergedLinear([module.get_submodule(q_a), module.get_submodule(kv_a)]))
+            merged = merged_name(site)
+            assert merged is not None  # mla with q_a_proj names its merged down-projection
+            setattr(module, merged, L.MergedLinear([_linear(module, q_a), _linear(module, kv_a)]))
             delattr(module, q_a)
             delattr(module, kv_a)
         nope = getattr(module, "qk_nope_head_dim", None) or text_config.qk_nope_head_dim
         v_dim = getattr(module, "v_head_dim", None) or text_config.v_head_dim
-        module._hfc_mla = {"kv_b_proj": kv_b, "nope": nope, "v": v_dim}
+        # torch types nn.Module.__setattr__'s value as Tensor | Module; any value is stored
+        module._hfc_mla = {"kv_b_proj": kv_b, "nope": nope, "v": v_dim}  # type: ignore[assignment]
         _bind(module, forward)
     elif f == "rms_norm":
         weight = getattr(module, "weight", None)
@@ -182,7 +193,7 @@ def apply_site(model: nn.Module, site: Site, text_config: Any) -> None:
 
         value = resolve_expression(site.details.get("scaling"), module)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            module._hfc_scaling = float(value)
+            module._hfc_scaling = float(value)  # type: ignore[assignment]  # as _hfc_mla above
     elif f == "moe":
         apply_moe(module, site, text_config)
     else:  # pragma: no cover - a fusion added to the analyzer but not to the verifier
@@ -242,7 +253,7 @@ def apply_moe(block: nn.Module, site: Site, text: Any) -> None:
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
-        logits = F.linear(x.float(), gate.weight.float())
+        logits = F.linear(x.float(), cast(torch.Tensor, gate.weight).float())  # the router's [experts, hidden] weight
         weights, ids = vllm_route(logits, top_k, scoring, renormalize, n_group, topk_group,
                                   getattr(gate, "e_score_correction_bias", None), scale)
         out = self.experts(x, ids, weights.to(x.dtype))

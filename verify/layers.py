@@ -8,6 +8,8 @@ GeluAndMul), ``RMSNorm`` (vLLM's RMSNorm, TP-aware), ``StackedExperts`` (FusedMo
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -132,7 +134,8 @@ class RMSNorm(nn.Module):
 def expert_weights(experts: nn.Module, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(w13 [E, 2I, H] as [gate; up], w2 [E, H, I]) from 3-D parameters or a ModuleList."""
     if isinstance(experts, nn.ModuleList):
-        w13, w2 = [], []
+        w13s: list[torch.Tensor] = []
+        w2s: list[torch.Tensor] = []
         for e in experts:
             names = dict(e.named_children())
             gate = names.get("gate_proj") or names.get("w1")
@@ -140,19 +143,23 @@ def expert_weights(experts: nn.Module, hidden: int) -> tuple[torch.Tensor, torch
             down = names.get("down_proj") or names.get("w2")
             if gate is None or up is None or down is None:
                 raise ValueError(f"expert {type(e).__name__} has no gate/up/down (or w1/w3/w2) projections")
-            w13.append(torch.cat([gate.weight, up.weight], dim=0))
-            w2.append(down.weight)
-        return torch.stack(w13), torch.stack(w2)
+            # the projections' weights (nn.Module's typing reads any attribute as Tensor | Module)
+            w13s.append(torch.cat([cast(torch.Tensor, gate.weight), cast(torch.Tensor, up.weight)], dim=0))
+            w2s.append(cast(torch.Tensor, down.weight))
+        return torch.stack(w13s), torch.stack(w2s)
     params = dict(experts.named_parameters())
+    w13: torch.Tensor
+    w2: torch.Tensor | None
     if "gate_up_proj" in params:
         w13 = params["gate_up_proj"]
         if w13.shape[-1] != hidden or getattr(experts, "is_transposed", False):
             w13 = w13.transpose(1, 2)
     elif "gate_proj" in params and "up_proj" in params:
-        gate, up = params["gate_proj"], params["up_proj"]
-        if gate.shape[-1] != hidden:
-            gate, up = gate.transpose(1, 2), up.transpose(1, 2)
-        w13 = torch.cat([gate, up], dim=1)
+        gate_w: torch.Tensor = params["gate_proj"]
+        up_w: torch.Tensor = params["up_proj"]
+        if gate_w.shape[-1] != hidden:
+            gate_w, up_w = gate_w.transpose(1, 2), up_w.transpose(1, 2)
+        w13 = torch.cat([gate_w, up_w], dim=1)
     else:
         raise ValueError(f"{type(experts).__name__} holds no gate_up_proj / gate_proj+up_proj")
     w2 = params.get("down_proj")
@@ -196,6 +203,9 @@ class StackedExperts(nn.Module):
 class ColumnLinear(nn.Module):
     """ColumnParallelLinear holding the output rows ``rows``; ``gather`` all-gathers the output."""
 
+    output_sizes: list[int]  # packed QKV only, set by the planner (verify/shard.py), as MergedLinear's
+    tp_size: int
+
     def __init__(self, linear: nn.Linear, rows: torch.Tensor, gather: bool, group):
         super().__init__()
         self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
@@ -235,6 +245,9 @@ class _VocabParallel(nn.Embedding):
     """Placed after the model's own embedding class in the MRO (as vLLM rebases it), so a
     subclass's ``super().forward(ids)`` (e.g. Gemma's scaled embedding) reaches this lookup."""
 
+    _hfc_range: tuple[int, int]  # set by vocab_parallel: this rank's rows [start, end)
+    _hfc_group: Any
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         start, end = self._hfc_range
         inside = (input_ids >= start) & (input_ids < end)
@@ -257,8 +270,9 @@ def vocab_parallel(embedding: nn.Embedding, rank: int, world: int, group) -> tor
         _REBASED[cls] = _VocabParallel if cls is nn.Embedding else type(cls.__name__, (cls, _VocabParallel), {})
     embedding.__class__ = _REBASED[cls]
     embedding.weight = nn.Parameter(full[start:end].clone())
-    embedding._hfc_range = (start, end)
-    embedding._hfc_group = group
+    rebased = cast(_VocabParallel, embedding)  # its class now has _VocabParallel in the MRO
+    rebased._hfc_range = (start, end)
+    rebased._hfc_group = group
     embedding.padding_idx = None
     return full
 

@@ -20,6 +20,7 @@ from hfcheck.verify.common import (
     Recorder,
     Subject,
     Timer,
+    input_embeddings,
     rel_error,
     run_model,
     single_thread,
@@ -76,7 +77,7 @@ def prove_pp(subject: Subject, stages: int = 2, timeout_s: float = 120.0) -> Pro
     finally:
         handle.remove()
     reference = rec.values
-    table = model.get_input_embeddings().weight.detach().clone()
+    table = input_embeddings(model).weight.detach().clone()
 
     def task(rank: int, world: int) -> dict:
         import torch.distributed as dist

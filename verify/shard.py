@@ -109,7 +109,7 @@ def _head_dim(parent: nn.Module, subject: Subject) -> int:
     return value if isinstance(value, int) and value > 0 else subject.head_dim
 
 
-def _qkv_rows(linear: nn.Linear, role: str, head_dim: int, world: int, rank: int, path: str) -> torch.Tensor:
+def _qkv_rows(linear: nn.Linear | types.SimpleNamespace, role: str, head_dim: int, world: int, rank: int, path: str) -> torch.Tensor:
     heads = linear.out_features // head_dim
     if role == "q" or heads >= world:
         index = _chunk(heads, world, rank, path, "heads")

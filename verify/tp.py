@@ -16,6 +16,7 @@ from hfcheck.verify.common import (
     Recorder,
     Subject,
     Timer,
+    input_embeddings,
     rel_error,
     run_model,
     single_thread,
@@ -49,10 +50,10 @@ def sharded_run(subject: Subject, plan: dict[str, str], sites: list[Site], refer
             hidden = model(input_ids=subject.input_ids).last_hidden_state
             table = info.get("vocab_table")
             if table is not None:
-                local = model.get_input_embeddings().weight
+                local = input_embeddings(model).weight
                 logits = L.all_gather_last(hidden @ local.t(), group)[..., : table.shape[0]]
             else:
-                logits = hidden @ model.get_input_embeddings().weight.t()
+                logits = hidden @ input_embeddings(model).weight.t()
     except Exception as exc:  # noqa: BLE001 - a plan that crashes the forward is a failed claim
         return crash_result(exc, comparator)
     err = max(rel_error(hidden, outputs[0]), rel_error(logits, outputs[1]))
