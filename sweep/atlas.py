@@ -29,7 +29,7 @@ from hfcheck.sweep.run import (
 VERDICTS = SUMMARY_ORDER
 
 
-def default_path(transformers_version: str, vllm_version: str | None = None) -> Path:
+def default_path(transformers_version: str | None, vllm_version: str | None = None) -> Path:
     """``reports/atlas-vllm-<release>-transformers-<release>.md``: an atlas is for one target."""
     return Path("reports") / f"atlas-vllm-{vllm_version or modelled_version()}-transformers-{transformers_version}.md"
 
@@ -157,11 +157,11 @@ def render_atlas(result: SweepResult, *, title_scope: str | None = None, runtime
         by_key = dict((t.key, r) for t, r in rows)
         for t, reason in failed:
             out.append(f"| {_cell(t.key)} | analysis | {_cell(reason)} | {_plain(by_key[t.key])} |")
-        for t, r, reason in no_instance:
-            out.append(f"| {_cell(t.key)} | tiny instance / graph | {_cell(reason)} | {_plain(r)} |")
+        for t, r, why in no_instance:
+            out.append(f"| {_cell(t.key)} | tiny instance / graph | {_cell(why)} | {_plain(r)} |")
         out.append("")
 
-    out += _runtime_section(runtime, [t.model_type for t, _ in rows if t.is_type])
+    out += _runtime_section(runtime, [t.model_type for t, _ in rows if t.model_type is not None])
     out += ["## Every target", ""] + _table(rows, runtime)
     for section in (VLM, POOLING):
         out += _section(result, section, (sections_runtime or {}).get(section))
@@ -174,7 +174,7 @@ def _table(rows: list, runtime: tuple[str, dict[str, dict]] | None) -> list[str]
     ran = runtime[1] if runtime else None
     head = "| target | architecture | verdict | score | fusions | MoE | TP sizes | PP | blockers | vLLM native |"
     rule = "|---|---|---|---:|---|---|---|---|---|---|"
-    if ran is not None:
+    if runtime is not None and ran is not None:
         head, rule = head + f" vLLM ran ({runtime[0]}) |", rule + "---|"
     out += [head, rule]
     for t, res in rows:

@@ -21,6 +21,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
+from typing import cast
 
 from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, EXIT_INTERRUPTED
 
@@ -253,7 +254,7 @@ def _print_table(result) -> None:
     for target, res in result.ordered():
         report = res.get("report")
         if report is None:
-            table.add_row(target.key, f"[bold red]{FAILED}[/]", "", "", "", failure_reason(res).split(": ", 1)[1])
+            table.add_row(target.key, f"[bold red]{FAILED}[/]", "", "", "", cast(str, failure_reason(res)).split(": ", 1)[1])  # no report: a failure
             continue
         note = instance_error(res) or ("; ".join(report.get("blockers") or []))
         style = VERDICT_STYLE.get(report["verdict"], "")

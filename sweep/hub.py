@@ -23,6 +23,7 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 from hfcheck.analyzer.sources._base import first_line
 from hfcheck.analyzer.sources.hub import is_unreachable, unreachable_why
@@ -129,11 +130,10 @@ def list_refs(query: HubQuery, *, label: str, offline_hint: str = "", announce: 
             author=query.author,
             pipeline_tag=query.pipeline_tag,
             filter=filters or None,
-            sort=query.sort,
+            sort=cast(Any, query.sort),  # one of SORTS, the Hub's sort keys (sort_value), or None
             limit=query.limit,
         )
-        seen: set[str] = set()
-        ids = [m.id for m in models if not (m.id in seen or seen.add(m.id))]
+        ids = list(dict.fromkeys(m.id for m in models))  # first occurrence of each, in order
     except Exception as exc:  # noqa: BLE001 - every failure is one line for the user
         if is_unreachable(exc):
             raise unreachable(unreachable_why(exc)) from None

@@ -134,7 +134,8 @@ def _token_for_a_new_local_instance(address: str) -> None:
     if any(os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")) or _get_default_token_path().exists():
         return
     try:
-        if canonicalize_bootstrap_address(address or None) is not None:
+        # ray annotates addr as str, but documents and handles None (read from the environment)
+        if canonicalize_bootstrap_address(address or None) is not None:  # type: ignore[arg-type]
             return  # a running cluster: its own authentication applies
     except Exception:  # noqa: BLE001 - Ray's own connection error follows from ray.init with its message
         return
@@ -300,6 +301,7 @@ class RayPool:
         for actor in list(self.actors):
             if actor.state == "busy" and now >= actor.deadline:
                 self._discard(actor)
+                assert actor.key is not None  # a busy actor holds its task's key
                 on_result(actor.key, {"error": f"timed out after {self.timeout:g} s (worker killed)", "cacheable": False})
             elif actor.state == "starting" and now >= actor.started + self.start_timeout:
                 self._discard(actor)
@@ -310,6 +312,7 @@ class RayPool:
         state, key = actor.state, actor.key
         self._discard(actor)
         if state == "busy":
+            assert key is not None  # a busy actor holds its task's key
             on_result(key, {"error": when_busy, "cacheable": False})
         else:
             self._start_failed(when_starting)
@@ -339,6 +342,7 @@ class RayPool:
         key, actor.state, actor.key = actor.key, "idle", None
         if "pool_error" in answer:
             raise PoolError(f"on the Ray node {actor.host}: {answer['pool_error']}")
+        assert key is not None  # an answer comes from a busy actor, which holds its task's key
         on_result(key, answer)
 
     def _start_failed(self, why: str) -> None:

@@ -17,7 +17,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +104,7 @@ class SweepResult:
 
     @property
     def failed(self) -> list[tuple[Target, str]]:
-        return [(t, failure_reason(r)) for t, r in self.ordered() if "report" not in r]
+        return [(t, reason) for t, r in self.ordered() if (reason := failure_reason(r)) is not None]
 
 
 def _prepare(target: Target) -> tuple[Any, Result | None]:
@@ -166,7 +166,7 @@ def atlas_targets(cache: ResultCache | None = None) -> list[Target]:
     if known is not None:
         return [Target(key=key, model_type=model_type, section=section) for key, model_type, section in known]
     targets = atlas_types()
-    index.set_types([[t.key, t.model_type, t.section] for t in targets])
+    index.set_types([[t.key, t.model_type, t.section] for t in targets if t.model_type is not None])  # all types
     index.save()
     return targets
 
@@ -215,7 +215,7 @@ class _Batch:
     cache_keys: dict[str, tuple[str, dict, str, str]] = field(default_factory=dict)  # target key -> (result key, key parts, content key, config hash)
     same: dict[str, _SameConfig] = field(default_factory=dict)  # content key -> the batch's targets with that config
 
-    def tasks(self, targets: list[Target]) -> Iterator[Task]:
+    def tasks(self, targets: list[Target]) -> Generator[Task, None, None]:
         """The pool's tasks, made lazily so ``stop()`` and the cache are asked just in time while references resolve ahead."""
         refs = [t for t in targets if not t.is_type]
         io = ThreadPoolExecutor(max_workers=min(8, len(refs) or 1), thread_name_prefix="hfcheck-resolve")
@@ -313,6 +313,7 @@ class _Batch:
     def _follow(self, key: str, source: Any, group: _SameConfig) -> None:
         """Answer a target with its config group's result, restamped as its own model's."""
         self.counts.deduplicated += 1
+        assert group.result is not None  # followed only once the group has its result
         self.on_progress("done", key, restamp(group.result, source, group.origin_ref))
 
     def on_result(self, key: str, res: Result) -> None:
@@ -372,7 +373,7 @@ def sweep(
             result.results[key] = res
         notify(event, key, res)
 
-    quiet = contextlib.nullcontext()
+    quiet: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if ray is not None:
 
         pool: Any = RayPool(ray, jobs, timeout)

@@ -122,7 +122,7 @@ def _child(conn, log_path: str, parent_pid: int | None = None) -> None:  # pragm
         if _hooked(key, CRASH_ENV):
             os.abort()
         try:
-            result = {"report": scan(source).report}
+            result: dict[str, Any] = {"report": scan(source).report}
         except BaseException as exc:  # noqa: BLE001 - any failure of one model is its result
             result = {"error": _error_text(exc), "cacheable": not isinstance(exc, MemoryError)}
         if probe:
@@ -228,7 +228,8 @@ class WorkerPool:
         parent, child = self.ctx.Pipe(duplex=True)
         self._spawned += 1
         log = self.logdir / f"worker-{self._spawned}.log"
-        process = self.ctx.Process(target=_child, args=(child, str(log), os.getpid()), name=f"hfcheck-sweep-{self._spawned}", daemon=True)
+        # typeshed's BaseContext lacks Process, which every context get_context returns has
+        process = self.ctx.Process(target=_child, args=(child, str(log), os.getpid()), name=f"hfcheck-sweep-{self._spawned}", daemon=True)  # type: ignore[attr-defined]
         # Recorded before it starts: a Ctrl-C at any point of the start leaves no worker that
         # close() does not know about (one it missed would be joined, without a time limit, by
         # multiprocessing's exit handler).
@@ -250,7 +251,7 @@ class WorkerPool:
                 self._discard(worker)
             raise
         finally:
-            if masked:
+            if previous is not None:  # masked
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             child.close()
         self.started_workers += 1
