@@ -339,6 +339,7 @@ def _port_by_retarget(outcome: RetargetOutcome, reference: Reference, source: Mo
     """Write the native folder the search found, prove it (extra checks, real weights) and ask how vLLM serves it."""
 
     t0 = time.perf_counter()
+    assert outcome.found is not None  # called only when the search found a native class
     hyp = outcome.found.hypothesis
     try:
         target = full_native_config(outcome, reference, source.config)
@@ -603,7 +604,7 @@ def _ranges(idx: list[int]) -> str:
     for i in idx + [None]:
         if start is None:
             start = prev = i
-        elif i is not None and i == prev + 1:
+        elif i is not None and prev is not None and i == prev + 1:
             prev = i
         else:
             out.append(f"{start}" if start == prev else f"{start}-{prev}")

@@ -296,6 +296,13 @@ class ServerBackend:
     runtime: VllmRuntime | None
     note: str | None
 
+    @property
+    def vllm(self) -> VllmRuntime:
+        """vLLM's runtime, for the steps that run only when vLLM serves (not ``transformers serve``)."""
+        if self.runtime is None:
+            raise ServeError("no vLLM runtime: the server chosen is transformers serve")
+        return self.runtime
+
 
 def smoke_serve(model_dir: str | os.PathLike, *, prompt: str = DEFAULT_PROMPT, max_tokens: int = 8, backend: str = "auto",
                 startup_timeout: float = 600.0, request_timeout: float = 180.0, port: int | None = None,
@@ -427,7 +434,7 @@ class VllmSession:
 
     def start(self, tp: int, label: str, result: ServeResult) -> Answer:
         """One server start at tensor-parallel size ``tp``, its requests sent and the server stopped."""
-        runtime = self.server.runtime
+        runtime = self.server.vllm
         p = self.ask.port or _free_port()
         cmd = server_command(self.folder.model_dir, self.server.name, p, self.folder.trust, True, python=str(runtime.python), tp=tp,
                              tokenizer=self.tokenizer or self.with_image, max_len=self.context) + self.extra
@@ -445,12 +452,12 @@ class VllmSession:
             rows = serve_image.compare(self.reference["requests"], responses)
             return rows[0]["server_token_ids"], all(r["tokens_match"] for r in rows), rows
         ids = ((responses[0].get("choices") or [{}])[0]).get("token_ids")
-        return ids, ids is not None and list(ids) == list(result.reference_token_ids), None
+        return ids, ids is not None and list(ids) == list(result.reference_token_ids or ()), None
 
 
 def _smoke_vllm(folder: ServedFolder, ask: ServeAsk, server: ServerBackend, tp2: bool | None, t_start: float) -> ServeResult:
     """vLLM: hfcheck's prediction, transformers' greedy tokens, the server at TP 1 (and 2), compared token for token and decision for decision."""
-    runtime = server.runtime
+    runtime = server.vllm
     tokenizer = has_tokenizer(folder.model_dir)
     result = ServeResult(False, server.name, server.note, [], ask.prompt, ask.max_tokens, vllm_version=runtime.version)
     report = _prediction(folder.model_dir, folder.trust, runtime, ask.log)
@@ -512,6 +519,7 @@ def _vllm_session(folder: ServedFolder, ask: ServeAsk, server: ServerBackend, wi
     if with_image:
         first = ref["requests"][0]
         result.prompt_token_ids, result.reference_token_ids = first["prompt_ids"], first["token_ids"]
+        assert png is not None  # _vllm_reference returns the image it sent whenever the folder serves images
         requests = serve_image.chat_bodies(SERVED_NAME, ask.prompt, png, ask.max_tokens)
         extra = ["--limit-mm-per-prompt", json.dumps({"image": 1})]
         if ref.get("template"):  # the folder has no chat template: the one the reference rendered
@@ -543,7 +551,7 @@ def _compare_tokens(session: VllmSession, responses: list[dict], result: ServeRe
         result.compared = ("prompt and generated token ids of a chat request with the image and of one with the prompt alone, "
                            "against the folder's processor and generate on the same messages")
         if not result.tokens_match:
-            bad = next(r for r in result.requests if not r["tokens_match"])
+            bad = next(r for r in result.requests or [] if not r["tokens_match"])
             result.error = (f"{bad['kind']}: vLLM's prompt ids differ from the processor's ({len(bad['server_prompt_ids'] or [])} vs "
                             f"{len(bad['reference_prompt_ids'])} tokens)" if not bad["prompts_match"] else
                             f"{bad['kind']}: vLLM's greedy tokens {bad['server_token_ids']} differ from transformers' generate {bad['reference_token_ids']}")
@@ -568,7 +576,8 @@ def _again_at_tp2(session: VllmSession, predicted_loads: bool, result: ServeResu
 
 
 def _fallback_ids(config: dict) -> list[int]:
-    vocab = config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else 32
+    vocab = config.get("vocab_size")
+    vocab = vocab if isinstance(vocab, int) else 32
     return [(7 * i + 3) % max(2, vocab) for i in range(8)]
 
 
@@ -643,6 +652,7 @@ def reference_main() -> None:  # pragma: no cover - runs in the child process (c
                                      eos_token_id=None, pad_token_id=0)
             out.update({"token_ids": seq[0, ids.shape[-1]:].tolist(), "text": None, "prompt_ids": job["prompt_ids"]})
         else:
+            assert tok is not None  # loaded above: there were no prompt ids to send instead
             inputs = tok(job["prompt"], return_tensors="pt")
             with torch.no_grad():
                 seq = model.generate(**inputs, max_new_tokens=job["max_tokens"], do_sample=False, tokenizer=tok, eos_token_id=None,

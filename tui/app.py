@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.message import Message
 from textual.screen import Screen
@@ -51,7 +51,7 @@ class ScanEvent(Message):
 class Dashboard(App[int]):
     TITLE = "hfcheck tui"
     CSS = "#bar { height: 1; }"
-    BINDINGS: ClassVar[list[Binding]] = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("/", "focus_filter", "Filter"),
         Binding("v", "cycle_verdict", "Verdict"),
         Binding("s", "cycle_sort", "Sort"),

@@ -90,9 +90,11 @@ def targets_from(args: argparse.Namespace):
     if defaults is not None:
         entries = expand(entries, defaults, offline_hint=f"listing the Hub needs it {OFFLINE_HINT}", announce_as="hfcheck tui")
     for query in args.hub_search:
+        assert defaults is not None  # a Hub search sets them above
         entries += expand([f"hub:{query}"], defaults, offline_hint=f"a Hub search needs it {OFFLINE_HINT}", announce_as="hfcheck tui")
         scope.append(f"search {query}")
     for author in args.author:
+        assert defaults is not None  # an author sets them above
         entries += author_refs(author, defaults.limit, defaults)
         scope.append(f"author {author}")
     targets = parse_refs(entries)

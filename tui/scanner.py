@@ -214,6 +214,7 @@ class Scanner:
             if event == "start":
                 self._emit(Started(key, batch.generation))
             elif key in batch.open:
+                assert result is not None  # every event but "start" carries its result
                 batch.open.discard(key)
                 self._emit(Finished(key, batch.generation, result, cached=event == "cached"))
 

@@ -55,11 +55,11 @@ def how_served(folder: Path, *, trust_remote_code: bool = False) -> Served:
                    f"{backend}: {verdict} {score}/100)")
         return Served("vllm-native", summary, cmd, verdict, score, list(report["blockers"]), report)
     if verdict in ("native-speed", "runs"):
-        cmd = report.get("serve_command")
-        if cmd and remote_tokenizer and "--trust-remote-code" not in cmd:
-            cmd += " --trust-remote-code"
+        command: str | None = report.get("serve_command")
+        if command and remote_tokenizer and "--trust-remote-code" not in command:
+            command += " --trust-remote-code"
         summary = f"vLLM serves {arch} through its transformers backend: {verdict}, {score}/100"
-        return Served("transformers-backend", summary, cmd, verdict, score, [], report)
+        return Served("transformers-backend", summary, command, verdict, score, [], report)
     why = "; ".join(report["blockers"]) or f"verdict {verdict}"
     return Served("not-served", f"vLLM serves {arch} neither natively nor through its transformers backend: {why}", None, verdict, score,
                   list(report["blockers"]), report)

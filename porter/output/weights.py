@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -152,11 +153,15 @@ class Converter:
             raise ConvertError(f"{pre or '(root)'}: incomplete experts in the checkpoint ({counts})")
 
 
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 def convert_state_dict(state: dict[str, torch.Tensor], rules: list[dict], config: dict, defaults: dict | None = None) -> dict[str, torch.Tensor]:
     conv = Converter(rules, config, defaults)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
-        for new_name, new in conv.feed(name, lambda t=tensor: t):
+        for new_name, new in conv.feed(name, functools.partial(_same, tensor)):
             out[new_name] = new
     conv.finish()
     return out
@@ -236,7 +241,7 @@ def convert_checkpoint(src: Path, out: Path, rules: list[dict], config: dict, de
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 n_in += 1
-                for new_name, tensor in conv.feed(name, lambda f=f, name=name: f.get_tensor(name)):
+                for new_name, tensor in conv.feed(name, functools.partial(f.get_tensor, name)):
                     writer.add(new_name, tensor)
                     n_out += 1
     conv.finish()

@@ -18,13 +18,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hfcheck.isolation import child_env, private_root
 from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result
 from hfcheck.porter.reference.compare import compare
 from hfcheck.porter.rewrite.state import apply_config_edits
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEFAULT_TIMEOUT_S = 300.0
 IMPLEMENTATIONS = ("eager", "sdpa")
@@ -132,7 +135,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
         ported_dir = job["ported_dir"]
         ref = job["class_ref"].partition("--")[2] if "--" in job["class_ref"] else job["class_ref"]
         cfg = AutoConfig.from_pretrained(ported_dir, trust_remote_code=True, local_files_only=True)
-        cls = get_class_from_dynamic_module(ref, ported_dir, local_files_only=True)
+        cls = cast("type[PreTrainedModel]", get_class_from_dynamic_module(ref, ported_dir, local_files_only=True))
         ids = torch.tensor(job["ids"], dtype=torch.long)
         model = None
         for impl in IMPLEMENTATIONS:

@@ -60,12 +60,12 @@ def split_plan(g: Dataflow, frame: dict, uid: int, text: str, func: ast.Function
     end = max(i for i, _ in bound_at.values())
     if stmt_span(block[end])[1] >= region_start:
         return None
-    names = tuple(bound_at[n][1] for n in cut)
+    names = (bound_at[cut[0]][1], bound_at[cut[1]][1], bound_at[cut[2]][1])  # one per boundary: q, k, v
     later = _statements_after(func, block, end)
     _refuse_a_cut_that_does_more(g, uid, block, p_idx, end, names, later, refuse)
     q_size, kv_size, head_attr = _size_expressions(scalars, q_heads, kv_heads, head_dim, refuse, call_line)
     start, receiver = _split_receiver(text, block, p_idx, end, packed_var, later)
-    return SplitPlan(attr, receiver, stmt_span(block[start])[0], stmt_span(block[end])[1], names, tuple(layouts), q_size, kv_size, head_attr,
+    return SplitPlan(attr, receiver, stmt_span(block[start])[0], stmt_span(block[end])[1], names, (layouts[0], layouts[1], layouts[2]), q_size, kv_size, head_attr,
                      regroup)
 
 

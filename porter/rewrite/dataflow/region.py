@@ -85,9 +85,11 @@ def _plan_in_helper(g: Dataflow, core: Core, files: dict[str, str]) -> CorePlan 
     cls, file = helper["self_class"], helper["file"]
     refuse = refuser(cls, file)
     text = files.get(file)
-    tree = ast.parse(text) if text else None
-    func = method_of(tree, cls, helper["function"]) if tree else None
-    forward = method_of(tree, cls, "forward") if tree else None
+    if not text:
+        return None
+    tree = ast.parse(text)
+    func = method_of(tree, cls, helper["function"])
+    forward = method_of(tree, cls, "forward")
     if func is None or forward is None:
         return None
     located = block_of(func.body, helper_line)
@@ -103,7 +105,7 @@ def _plan_in_helper(g: Dataflow, core: Core, files: dict[str, str]) -> CorePlan 
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
         raise refuse(call_in_forward, f"forward does not bind {cls}.{helper['function']}(...)'s result to one variable")
     target = stmt.targets[0].id
-    after = next((names for u, line, _n, names in g.df["lines"] if u == uid and line > stmt_span(stmt)[1]), {})
+    after: dict[str, int | None] = next((names for u, line, _n, names in g.df["lines"] if u == uid and line > stmt_span(stmt)[1]), {})
     x = after.get(target)
     if x is None:
         return None
@@ -125,7 +127,7 @@ def _plan_in_helper(g: Dataflow, core: Core, files: dict[str, str]) -> CorePlan 
         given = next((k.value for k in call.keywords if k.arg == plan.mask), None)
         if given is None and plan.mask in params and params.index(plan.mask) < len(call.args):
             given = call.args[params.index(plan.mask)]
-        plan.mask = ast.get_source_segment(text, given) if given is not None else "None"
+        plan.mask = (ast.get_source_segment(text, given) or "None") if given is not None else "None"
     return plan
 
 
@@ -207,7 +209,7 @@ def _region(g: Dataflow, core: Core, scope: Scope, end: RegionEnd, start: int) -
     core_file, core_line = g.where(core.op)
     cls, file = frame["self_class"], frame["file"]
     before = names_at(block[start])
-    named = {}
+    named: dict[int, list[str]] = {}
     for name, node in before.items():
         if node is not None:
             named.setdefault(node, []).append(name)
@@ -218,7 +220,8 @@ def _region(g: Dataflow, core: Core, scope: Scope, end: RegionEnd, start: int) -
         return next((n for n in names if n in region_src), names[0])
 
     def boundary(node: int, what: str) -> tuple[str, int]:
-        cur, steps = node, 0
+        cur: int | None = node
+        steps = 0
         while cur is not None and steps < 200:
             if cur in named:
                 return pick(named[cur]), cur
@@ -280,7 +283,7 @@ def _region(g: Dataflow, core: Core, scope: Scope, end: RegionEnd, start: int) -
     mask = _mask_argument(g, core, func, before)
     dropout = _dropout(g, core, frame["self_module"])
     what = (f"scaled_dot_product_attention at {core_file}:{core_line}" if core.kind == "sdpa"
-            else f"softmax(QK^T)V written by hand ({core_file}:{g.where(core.softmax_op)[1]})")
+            else f"softmax(QK^T)V written by hand ({core_file}:{g.where(core.softmax_op)[1] if core.softmax_op is not None else '?'})")
     plan = CorePlan(cls, file, stmt_span(block[start])[0], stmt_span(region[-1])[1], call_line, exprs[0], exprs[1], exprs[2], out_name, layouts[3],
                     weights, mask, scaling, scaling_init, dropout, what, err)
     plan.groups = groups
