@@ -204,6 +204,14 @@ def top_class(module: cst.Module, name: str) -> cst.ClassDef | None:
     return next((s for s in module.body if m.matches(s, m.ClassDef(name=m.Name(name)))), None)
 
 
+def the_class(module: cst.Module, name: str) -> cst.ClassDef:
+    """The top-level class ``name``, which the caller knows is there (the code index found it)."""
+    found = top_class(module, name)
+    if found is None:
+        raise LookupError(f"no top-level class {name} in the module")
+    return found
+
+
 def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]) -> cst.Module:
     body = []
     for s in module.body:
@@ -216,6 +224,14 @@ def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cs
 
 def method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     return next((s for s in body_of(cls) if m.matches(s, m.FunctionDef(name=m.Name(name)))), None)
+
+
+def the_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef:
+    """The method ``name`` of ``cls``, which the caller knows is there (the code index found it)."""
+    found = method(cls, name)
+    if found is None:
+        raise LookupError(f"no method {name} in class {cls.name.value}")
+    return found
 
 
 def replace_in_body(node, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]):

@@ -133,13 +133,13 @@ class AttentionInterface(Codemod):
         classdef = cu.top_class(module, cls.name)
         if classdef is None:
             raise Refused("the class is not defined at module level")
-        func = cu.method(classdef, "forward")
+        func = cu.the_method(classdef, "forward")
         body = cu.body_of(func)
         plan = self._recognise(body)
         owner = init_owner(index, cls)
         if owner is None or owner.file != file:
             raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
-        owner_init = cu.method(cu.top_class(module, owner.name), "__init__")
+        owner_init = cu.the_method(cu.top_class(module, owner.name), "__init__")
         config_name = init_param_of_config(owner_init)
         init_adds: list[tuple[str, str, str]] = []  # (attr, value, position)
         if not assigned(index, cls, "config"):
@@ -317,8 +317,8 @@ class AttentionInterface(Codemod):
         owner = init_owner(index, cls)
         if owner is None or owner.file != file:
             raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
-        classdef = cu.top_class(module, plan.cls)
-        func = cu.method(classdef, plan.function)
+        classdef = cu.the_class(module, plan.cls)
+        func = cu.the_method(classdef, plan.function)
         init_adds: list[tuple[str, str, str]] = []
         if not assigned(index, cls, "config"):
             config_name = init_param_of_config(cu.method(cu.top_class(module, owner.name), "__init__"))
@@ -332,7 +332,7 @@ class AttentionInterface(Codemod):
             init_adds.append(("is_causal", "True", "end"))
         if plan.groups and not assigned(index, cls, "num_key_value_groups"):
             init_adds.append(("num_key_value_groups", plan.groups, "end"))
-        forward = cu.method(classdef, "forward")
+        forward = cu.the_method(classdef, "forward")
         kwargs = cu.star_kwargs(forward) or "kwargs"
         taken = cu.names_in(forward) | cu.names_in(func)
         iface = "attention_interface" if "attention_interface" not in taken else "attention_fn"
@@ -377,15 +377,15 @@ class AttentionInterface(Codemod):
                       [cu.stmt(f"return {plan.q}, {plan.k}, {plan.v}  # [batch, heads, seq, head_dim]: forward calls the attention\n")])]
             removed = 0
             for start, name, end, stmts in sorted(edits, key=lambda e: -e[0]):
-                classdef = cu.top_class(module, plan.cls)
-                method = cu.method(classdef, name)
+                classdef = cu.the_class(module, plan.cls)
+                method = cu.the_method(classdef, name)
                 done = cu.replace_lines(method, start, end, stmts, module)
                 if done is None:
                     raise Refused(f"lines {start}-{end} are not whole statements of one block of {name}")
                 removed += done[1] if name != "forward" else 0
                 module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, method, done[0]))
-            classdef = cu.top_class(module, plan.cls)
-            func = cu.method(classdef, "forward")
+            classdef = cu.the_class(module, plan.cls)
+            func = cu.the_method(classdef, "forward")
             replaced = (func, removed)
         else:
             replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
@@ -427,8 +427,8 @@ class AttentionInterface(Codemod):
                 new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2)\n"))
             elif layout == "Bsd":
                 new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2).flatten(0, 1)\n"))
-        classdef = cu.top_class(module, plan.cls)
-        func = cu.method(classdef, "forward")
+        classdef = cu.the_class(module, plan.cls)
+        func = cu.the_method(classdef, "forward")
         replaced = cu.replace_lines(func, split.start_line, split.end_line, new, module)
         if replaced is None:
             state.refuse("HFC813", plan.file, f"{plan.cls}.forward", f"lines {split.start_line}-{split.end_line} are not whole statements of one block")
@@ -465,7 +465,7 @@ class AttentionInterface(Codemod):
             return node.with_changes(args=[a.with_changes(value=cst.UnaryOperation(cst.Minus(), cst.Integer("1"))) if i == heads[0] else a
                                            for i, a in enumerate(node.args)])
 
-        classdef = cu.top_class(module, plan.cls)
+        classdef = cu.the_class(module, plan.cls)
         for name in {plan.function, "forward"}:
             method = cu.method(classdef, name)
             if method is not None:

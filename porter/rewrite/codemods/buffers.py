@@ -56,7 +56,7 @@ class BufferInit(Codemod):
         module = parse(state, root.file)
         for name in recorded:  # remember the arguments, so the buffers can be recomputed after loading
             module = cu.edit_class(module, name, lambda c: cu.edit_method(c, "__init__", _remember_arguments))
-        rootdef = cu.top_class(module, root.name)
+        rootdef = cu.the_class(module, root.name)
         existing = cu.method(rootdef, "_init_weights")
         param = cu.param_names(existing)[1] if existing is not None and len(cu.param_names(existing)) > 1 else "module"
         branches = _branch(param, ", ".join(sorted(targets)), next(iter(config_exprs))) if targets else ""

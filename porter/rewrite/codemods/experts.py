@@ -116,7 +116,7 @@ class ExpertsLayout(Codemod):
         init = expert.methods["__init__"]
         config_param = init.args.args[1].arg if len(init.args.args) > 1 else "config"
         module = parse(state, block.file)
-        blockdef = cu.top_class(module, block.name)
+        blockdef = cu.the_class(module, block.name)
         forward = cu.method(blockdef, "forward")
         if forward is None:
             raise Refused("the block has no forward")
@@ -265,8 +265,8 @@ class ExpertsLayout(Codemod):
             return
         weights, indices = params[1], params[2]
         module = parse(state, cls.file)
-        classdef = cu.top_class(module, experts_name)
-        func = cu.method(classdef, "forward")
+        classdef = cu.the_class(module, experts_name)
+        func = cu.the_method(classdef, "forward")
         if {"top_k_index", "top_k_weights"} & (cu.names_in(func) - {weights, indices}):
             state.refuse("HFC808", cls.file, f"{experts_name}.forward", "cannot rename the routing arguments: top_k_index/top_k_weights are already used")
             return
@@ -298,7 +298,7 @@ class ExpertsLayout(Codemod):
                     return node.with_changes(args=args)
                 return None
 
-            blockdef = cu.top_class(module, block.name)
+            blockdef = cu.the_class(module, block.name)
             new = cu.replace_nodes(blockdef, swap)
             if swapped:
                 save(state, block.file, cu.replace_top(module, blockdef, new))

@@ -48,7 +48,7 @@ class LayerIndex(Codemod):
         if cls is None or depth > 3:
             return
         module = parse(state, cls.file)
-        init = cu.method(cu.top_class(module, class_name), "__init__")
+        init = cu.the_method(cu.top_class(module, class_name), "__init__")
         if "layer_idx" not in cu.param_names(init):
             module = cu.edit_class(module, class_name, lambda c: cu.edit_method(c, "__init__", lambda f: cu.add_param(f, "layer_idx", "None")))
         if store:

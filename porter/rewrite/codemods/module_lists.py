@@ -66,10 +66,10 @@ class SingleLayerList(Codemod):
         if not _index_offset_ok(extra_value, main_count):
             raise ValueError(f"the layers of self.{extra} do not take the indices that follow self.{main}")
         module = parse(state, base.file)
-        cls = cu.top_class(module, base.name)
-        init = cu.method(cls, "__init__")
+        cls = cu.the_class(module, base.name)
+        init = cu.the_method(cls, "__init__")
         body = [s for s in cu.body_of(init) if cu.self_assign_of(s)[0] != extra]
-        forward = cu.method(cls, "forward")
+        forward = cu.the_method(cls, "forward")
         fbody = cu.body_of(forward)
         loops = [i for i, s in enumerate(fbody) if isinstance(s, cst.For) and f"self.{extra}" in cu.code(s.iter)]
         main_loops = [i for i, s in enumerate(fbody) if isinstance(s, cst.For) and f"self.{main}" in cu.code(s.iter)]
@@ -106,8 +106,8 @@ class SingleLayerList(Codemod):
                 if attr not in layer.self_assigns:
                     constants.pop(attr)
         module = parse(state, base.file)
-        cls = cu.top_class(module, base.name)
-        forward = cu.method(cls, "forward")
+        cls = cu.the_class(module, base.name)
+        forward = cu.the_method(cls, "forward")
         loop_names = set()
         for s in cu.body_of(forward):
             if isinstance(s, cst.For) and any(f"self.{a}" in cu.code(s.iter) for a in list_attrs):

@@ -47,7 +47,7 @@ class PackedQKV(Codemod):
 
     def _split(self, state, info, packed: str, attn_attr: str | None) -> None:
         module = parse(state, info.file)
-        cls = cu.top_class(module, info.name)
+        cls = cu.the_class(module, info.name)
         init, forward = cu.method(cls, "__init__"), cu.method(cls, "forward")
         if init is None or forward is None:
             raise ValueError("the class does not define both __init__ and forward")

@@ -45,7 +45,7 @@ class ParallelPlans(Codemod):
         if not tp and not pp:
             return
         module = parse(state, config_cls.file)
-        cls = cu.top_class(module, config_cls.name)
+        cls = cu.the_class(module, config_cls.name)
         if tp:
             cls = _merge(cls, "base_model_tp_plan", {k: repr(v).replace("'", '"') for k, v in tp.items()})
         if pp:

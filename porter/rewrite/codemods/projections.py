@@ -50,8 +50,8 @@ class InlineProjectionHelpers(Codemod):
             if not helpers:
                 continue
             module = parse(state, cls.file)
-            cdef = cu.top_class(module, cls.name)
-            forward = cu.method(cdef, "forward")
+            cdef = cu.the_class(module, cls.name)
+            forward = cu.the_method(cdef, "forward")
             inlined: list[str] = []
 
             def inline(node):
@@ -111,7 +111,7 @@ class ActivationModule(Codemod):
             cdef = cu.top_class(module, cls.name)
             if cdef is None:
                 continue
-            forward = cu.method(cdef, "forward")
+            forward = cu.the_method(cdef, "forward")
             found: list[str] = []
             attr = next(a for a in ("act_fn", "activation_fn", "act") if a not in cls.self_assigns)
 
