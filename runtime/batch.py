@@ -33,12 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from hfcheck.analyzer.facts import collect_facts
-from hfcheck.analyzer.instance.shrink import shrunk_config
+from hfcheck.analyzer.instance.shrink import CPU_KERNEL_HEAD_DIM, shrunk_config
 from hfcheck.analyzer.vllm.release import installed_is_cpu_build
 from hfcheck.isolation.jobs import read_job
 from hfcheck.runtime.decisions import differences, load_error, parse, predicted
 
-HEAD_DIM = 32
 MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
 TOKENS = 4
 PROMPT = [3, 17, 5, 9, 11, 2, 7, 13]
@@ -101,7 +100,7 @@ def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
     errors = []
     for shrink in ("tiny", "structural"):  # as the analyzer's instance: real widths when small ones are refused
         try:
-            small, _ = shrunk_config(facts, cfg_obj, shrink, head_dim=HEAD_DIM)
+            small, _ = shrunk_config(facts, cfg_obj, shrink, head_dim=CPU_KERNEL_HEAD_DIM)
             small.architectures = config["architectures"]
             torch.manual_seed(0)
             with torch.device("meta"):

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-HEAD_DIM = 32
+from hfcheck.analyzer.instance.shrink import CPU_KERNEL_HEAD_DIM, cpu_text_sizes, cpu_vision_sizes
+
 IMAGE_SIDE = 32
 PATCH = 16
 WORDS = tuple(f"w{i}" for i in range(56)) + ("hello", "world", "a", "b")
@@ -50,15 +51,8 @@ def _save(model_cls: type, config: Any, processor: Any, folder: Path, seed: int)
     model_cls(config).eval().save_pretrained(folder)
 
 
-def _text_sizes(vocab: int) -> dict[str, Any]:
-    return {"vocab_size": vocab, "hidden_size": 2 * HEAD_DIM, "intermediate_size": 4 * HEAD_DIM, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": HEAD_DIM, "max_position_embeddings": 128,
-            "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}
-
-
 def _vision_sizes() -> dict[str, Any]:
-    return {"hidden_size": 2 * HEAD_DIM, "intermediate_size": 4 * HEAD_DIM, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "image_size": IMAGE_SIDE, "patch_size": PATCH}
+    return cpu_vision_sizes(IMAGE_SIDE, PATCH)
 
 
 def write_llava(folder: Path, seed: int = 0, **vision: Any) -> str:
@@ -79,8 +73,8 @@ def write_llava(folder: Path, seed: int = 0, **vision: Any) -> str:
         num_additional_image_tokens=1,
     )
     config = LlavaConfig(
-        vision_config=CLIPVisionConfig(**_vision_sizes(), projection_dim=2 * HEAD_DIM, **vision),
-        text_config=LlamaConfig(**_text_sizes(len(tokenizer))),
+        vision_config=CLIPVisionConfig(**_vision_sizes(), projection_dim=2 * CPU_KERNEL_HEAD_DIM, **vision),
+        text_config=LlamaConfig(**cpu_text_sizes(len(tokenizer))),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_select_strategy="default",
         vision_feature_layer=-1,
     )
@@ -109,7 +103,7 @@ def write_gemma3(folder: Path, seed: int = 0, **vision: Any) -> str:
         image_processor=Gemma3ImageProcessorPil(size={"height": IMAGE_SIDE, "width": IMAGE_SIDE}),
         tokenizer=tokenizer, image_seq_length=tokens_per_image,
     )
-    text = Gemma3TextConfig(**_text_sizes(len(tokenizer)), sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    text = Gemma3TextConfig(**cpu_text_sizes(len(tokenizer)), sliding_window=16, layer_types=["sliding_attention", "full_attention"])
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
     config = Gemma3Config(
         text_config=text, vision_config=SiglipVisionConfig(**{"vision_use_head": False, **_vision_sizes(), **vision}),
@@ -146,7 +140,7 @@ def write_idefics3(folder: Path, seed: int = 0, do_image_splitting: bool = True,
     )
     config = Idefics3Config(
         vision_config=Idefics3VisionConfig(**{**_vision_sizes(), "image_size": tile, **vision}),
-        text_config=LlamaConfig(**_text_sizes(len(tokenizer))), scale_factor=scale,
+        text_config=LlamaConfig(**cpu_text_sizes(len(tokenizer))), scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
     )
     config.architectures = ["Idefics3ForConditionalGeneration"]

@@ -18,16 +18,12 @@ from typing import Any
 
 from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.facts.config_fields import text_config_of
-from hfcheck.analyzer.instance.shrink import shrunk_config
-from hfcheck.runtime.tiny_vlm import HEAD_DIM, IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
+from hfcheck.analyzer.instance.shrink import CPU_KERNEL_HEAD_DIM, shrink_tower, shrunk_config
+from hfcheck.runtime.tiny_vlm import IMAGE_SIDE, PROMPT_WORDS, word_tokenizer
 
 MAX_PARAMETERS = 50_000_000
 """A small folder larger than this is not built (its defaults did not shrink)."""
 VISION_KEYS = ("vision_config", "vision_tower_config", "visual", "audio_config")
-TOWER_WIDTHS = {"hidden_size": 2 * HEAD_DIM, "embed_dim": 2 * HEAD_DIM, "intermediate_size": 4 * HEAD_DIM, "num_attention_heads": 2,
-                "num_heads": 2, "num_hidden_layers": 2, "depth": 2, "num_key_value_heads": 2}
-"""A tower's widths at small size (head_dim 32, two layers); its image and patch sizes stay the
-defaults, so the processor's defaults still describe it."""
 OUTPUT_KEYS = ("out_hidden_size", "projection_dim", "text_hidden_size", "output_hidden_size")
 """Tower fields that are the language model's width (what the tower's last projection writes)."""
 
@@ -228,13 +224,13 @@ def write_from_defaults(model_type: str, folder: Path, seed: int = 0) -> str:
 def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, Any, Any, int | None]:
     """(config, its text config, its tower config, the tower's image side): ``raw`` with the
     text model cut like the analyzer's tiny instance (head_dim 32), the vocabulary the
-    tokenizer's, the towers at ``TOWER_WIDTHS`` (image and patch sizes kept), tower outputs at
+    tokenizer's, the towers at ``shrink.TOWER_WIDTHS`` (image and patch sizes kept), tower outputs at
     the language model's width (M-RoPE sections are scaled by the shrink itself); pad/bos/eos at the word tokenizer's."""
     import torch
     from transformers import AutoModelForImageTextToText
 
     facts, cfg = collect_facts(raw)
-    config, _ = shrunk_config(facts, cfg, "tiny", head_dim=HEAD_DIM)
+    config, _ = shrunk_config(facts, cfg, "tiny", head_dim=CPU_KERNEL_HEAD_DIM)
     config.architectures = raw["architectures"]
     text = text_config_of(config)
     text.vocab_size = max(len(tokenizer), 64)
@@ -242,11 +238,7 @@ def _small_config(raw: dict[str, Any], tokenizer: Any, name: str) -> tuple[Any, 
         tower = getattr(config, key, None)
         if tower is None or isinstance(tower, (dict, str)):
             continue
-        for field_name, value in TOWER_WIDTHS.items():
-            if isinstance(getattr(tower, field_name, None), int) and not isinstance(getattr(tower, field_name), bool):
-                setattr(tower, field_name, value)
-        if isinstance(getattr(tower, "head_dim", None), int):
-            tower.head_dim = HEAD_DIM
+        shrink_tower(tower)
     tower = _tower(config)
     side = getattr(tower, "image_size", None)
     side = side[0] if isinstance(side, (list, tuple)) else side

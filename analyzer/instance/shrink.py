@@ -527,3 +527,39 @@ def set_int_fields(config: dict[str, Any], kind: str, value: int) -> dict[str, A
         if name in out and isinstance(out[name], int) and not isinstance(out[name], bool):
             out[name] = value
     return out
+
+
+# --- models made small for vLLM's CPU build (runtime/): the kernels its attention takes want a
+# head size of 32, so the runtime's folders are cut to it, text and towers alike.
+
+CPU_KERNEL_HEAD_DIM = 32
+
+
+def cpu_text_sizes(vocab: int) -> dict[str, Any]:
+    """A two-layer text model at the CPU build's head size (one key/value head for two query heads),
+    its pad/bos/eos at a word tokenizer's first ids."""
+    return {"vocab_size": vocab, "hidden_size": 2 * CPU_KERNEL_HEAD_DIM, "intermediate_size": 4 * CPU_KERNEL_HEAD_DIM, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": CPU_KERNEL_HEAD_DIM, "max_position_embeddings": 128,
+            "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3}
+
+
+def cpu_vision_sizes(image_side: int, patch: int) -> dict[str, Any]:
+    """A two-layer vision tower at the CPU build's head size for ``image_side`` images in ``patch`` patches."""
+    return {"hidden_size": 2 * CPU_KERNEL_HEAD_DIM, "intermediate_size": 4 * CPU_KERNEL_HEAD_DIM, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "image_size": image_side, "patch_size": patch}
+
+
+TOWER_WIDTHS = {"hidden_size": 2 * CPU_KERNEL_HEAD_DIM, "embed_dim": 2 * CPU_KERNEL_HEAD_DIM, "intermediate_size": 4 * CPU_KERNEL_HEAD_DIM,
+                "num_attention_heads": 2, "num_heads": 2, "num_hidden_layers": 2, "depth": 2, "num_key_value_heads": 2}
+"""A published tower's widths at small size (head_dim 32, two layers); its image and patch sizes
+stay the defaults, so the processor's defaults still describe it."""
+
+
+def shrink_tower(tower: Any) -> None:
+    """A tower sub-config at ``TOWER_WIDTHS`` (its integer fields of those names) and the CPU build's head size."""
+    for field_name, value in TOWER_WIDTHS.items():
+        if isinstance(getattr(tower, field_name, None), int) and not isinstance(getattr(tower, field_name), bool):
+            setattr(tower, field_name, value)
+    if isinstance(getattr(tower, "head_dim", None), int):
+        tower.head_dim = CPU_KERNEL_HEAD_DIM
+
