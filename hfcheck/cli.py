@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, Parser
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, Parser, fail, interrupted
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         choose(getattr(args, "vllm", None), getattr(args, "platform", None), getattr(args, "transformers", None))
     except UnsupportedRelease as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if hasattr(args, "vllm"):  # a command that predicts: it runs with the transformers of its target
         code = _in_target_environment(argv)
         if code is not None:
@@ -97,8 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(schema(), indent=2))
             return EXIT_CLEAN
     except KeyboardInterrupt:
-        sys.stderr.write("hfcheck: interrupted\n")
-        return 130
+        return interrupted()
     return EXIT_ERROR
 
 
@@ -120,19 +119,13 @@ def _in_target_environment(argv: list[str]) -> int | None:
     try:
         python = ensure_analysis_env(needed, log_fn=lambda message: sys.stderr.write(f"hfcheck: {message}\n"))
     except EnvError as exc:
-        return _fail(f"vLLM {version} runs transformers {needed} (its pin: transformers{T.pin_of(version)}), and its environment could not "
+        return fail(f"vLLM {version} runs transformers {needed} (its pin: transformers{T.pin_of(version)}), and its environment could not "
                      f"be built: {exc} (--transformers installed analyses with transformers {T.installed_transformers()} instead)")
     env = {**os.environ, TRANSFORMERS_ENV: needed, T.SOURCE_ENV: how if how == "chosen" else "environment"}
     try:
         return subprocess.run([str(python), "-m", "hfcheck", *argv], env=env, check=False).returncode
     except KeyboardInterrupt:
-        sys.stderr.write("hfcheck: interrupted\n")
-        return 130
-
-
-def _fail(message: str) -> int:
-    sys.stderr.write(f"hfcheck: error: {message}\n")
-    return EXIT_ERROR
+        return interrupted()
 
 
 def _scan(args: argparse.Namespace) -> int:
@@ -144,17 +137,17 @@ def _scan(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy) if args.policy else DEFAULT_POLICY
     except PolicyError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     try:
         source = resolve(args.ref)
     except SourceError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     from hfcheck.analyzer.scan import scan
 
     try:
         result = scan(source, trust_remote_code=args.trust_remote_code)
     except FactsError as exc:
-        return _fail(f"{args.ref}: {exc}")
+        return fail(f"{args.ref}: {exc}")
     analysis, report = result.analysis, result.report
     if args.verify:
         from hfcheck.verify.cli import attach_proofs
@@ -170,13 +163,13 @@ def _scan(args: argparse.Namespace) -> int:
         report = policy.apply(report)
     if args.graph:
         if analysis.observations is None:
-            return _fail(f"no graph to write: {analysis.instance_error}")
+            return fail(f"no graph to write: {analysis.instance_error}")
         import networkx as nx
 
         try:
             nx.write_graphml(analysis.observations.graph, args.graph)
         except OSError as exc:
-            return _fail(f"cannot write {args.graph}: {exc.strerror}")
+            return fail(f"cannot write {args.graph}: {exc.strerror}")
     if args.format == "json":
         print(json.dumps(report, indent=2))
     elif args.format == "sarif":
@@ -213,6 +206,6 @@ def _explain(args: argparse.Namespace) -> int:
         return EXIT_CLEAN
     rule = BY_CODE.get(args.code.upper())
     if rule is None:
-        return _fail(f"unknown check code {args.code!r}; `hfcheck explain --all` lists them")
+        return fail(f"unknown check code {args.code!r}; `hfcheck explain --all` lists them")
     print(rule.documentation())
     return EXIT_CLEAN

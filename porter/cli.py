@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, Parser
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_FINDINGS, Parser, fail, interrupted
 
 TP2 = {"auto": None, "yes": True, "no": False}
 """--tp2 as smoke_serve takes it (None: when hfcheck predicts TP 2 loads and there are 2 cores)."""
@@ -66,13 +66,7 @@ def run(args: argparse.Namespace) -> int:
             return _port(args)
         return _serve(args)
     except KeyboardInterrupt:
-        sys.stderr.write("hfcheck: interrupted\n")
-        return 130
-
-
-def _fail(message: str) -> int:
-    sys.stderr.write(f"hfcheck: error: {message}\n")
-    return EXIT_ERROR
+        return interrupted()
 
 
 def _porter_defect(exc: BaseException, created: Path | None) -> str:
@@ -101,9 +95,9 @@ def _port(args) -> int:
         result = port(args.src, args.out, prove=not args.no_verify, rescan=not args.no_rescan, force=args.force, proof_timeout=args.timeout,
                       reference_transformers=args.reference_transformers, path=args.path, log=progress)
     except PortError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - a defect of the porter's own: one line naming where, never a traceback
-        return _fail(_porter_defect(exc, None if out_existed or args.out is None else Path(args.out).expanduser()))
+        return fail(_porter_defect(exc, None if out_existed or args.out is None else Path(args.out).expanduser()))
     if args.serve and result.status == "ported":
         from hfcheck.runtime.serve import ServeError, smoke_serve
 
@@ -135,7 +129,7 @@ def _serve(args) -> int:
         result = smoke_serve(args.dir, prompt=args.prompt or DEFAULT_PROMPT, max_tokens=args.max_tokens, backend=args.backend,
                              startup_timeout=args.timeout, log=log, tp2=TP2[args.tp2], image=args.image)
     except ServeError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
     else:

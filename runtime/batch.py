@@ -36,7 +36,7 @@ from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.instance.shrink import CPU_KERNEL_HEAD_DIM, shrunk_config
 from hfcheck.analyzer.vllm.release import installed_is_cpu_build
 from hfcheck.isolation.jobs import read_job
-from hfcheck.runtime.decisions import differences, load_error, parse, predicted
+from hfcheck.runtime.decisions import RuntimeDecisions, differences, load_error, parse, predicted
 
 MAX_PARAMETERS = 400_000_000  # a structural instance larger than this is not run (memory, time)
 TOKENS = 4
@@ -84,6 +84,22 @@ def context_length(config: dict[str, Any], wanted: int) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return min(wanted, value)
     return wanted
+
+
+def build_and_predict(model_type: str, folder: Path, row: dict[str, Any], section: str = "causal-lm") -> tuple[Any, RuntimeDecisions] | None:
+    """The type's small folder built (``build_folder``) and scanned: the row gets hfcheck's verdict
+    and prediction for the CPU build; None, with the row saying why, when no small instance builds."""
+    from hfcheck.analyzer.scan import scan
+
+    try:
+        model = build_folder(model_type, folder, section)
+    except Exception as exc:  # noqa: BLE001 - a type whose small instance does not build is a row
+        row.update(status="no-instance", error=_first(exc))
+        return None
+    report = scan(str(folder)).report
+    want = predicted(report, cpu_build=installed_is_cpu_build())
+    row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
+    return model, want
 
 
 def build_folder(model_type: str, folder: Path, section: str = "causal-lm"):
@@ -180,19 +196,14 @@ def generate_with_logprobs(log_path: Path, prompts: list[Any], max_tokens: int, 
 def run_one(model_type: str, work: Path) -> dict[str, Any]:
     import torch
 
-    from hfcheck.analyzer.scan import scan
 
     row: dict[str, Any] = {"model_type": model_type}
     folder = work / model_type
     t0 = time.perf_counter()
-    try:
-        model = build_folder(model_type, folder)
-    except Exception as exc:  # noqa: BLE001 - a type whose small instance does not build is a row
-        row.update(status="no-instance", error=_first(exc))
+    built = build_and_predict(model_type, folder, row)
+    if built is None:
         return row
-    report = scan(str(folder)).report
-    want = predicted(report, cpu_build=installed_is_cpu_build())
-    row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
+    model, want = built
     log_path = work / f"{model_type}.log"
     ids: list[int] = []
 

@@ -16,9 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hfcheck.analyzer.vllm.release import installed_is_cpu_build
-from hfcheck.runtime.batch import PROMPT, _first, attempt, build_folder, job_loop, vllm_engine
-from hfcheck.runtime.decisions import differences, predicted
+from hfcheck.runtime.batch import PROMPT, attempt, build_and_predict, job_loop, vllm_engine
+from hfcheck.runtime.decisions import differences
 from hfcheck.runtime.tiny_vlm import word_tokenizer
 
 COSINE = 0.9999
@@ -45,21 +44,16 @@ def expected_embedding(model: Any, ids: list[int]) -> list[float]:
 def run_case(key: str, work: Path) -> dict[str, Any]:
     import torch
 
-    from hfcheck.analyzer.scan import scan
     from hfcheck.analyzer.sources.model_types import POOLING, POOLING_PREFIX
 
     model_type = key.removeprefix(POOLING_PREFIX)
     folder = work / model_type
     row: dict[str, Any] = {"model_type": key, "section": "pooling"}
     t0 = time.perf_counter()
-    try:
-        model = build_folder(model_type, folder, POOLING)
-    except Exception as exc:  # noqa: BLE001 - a type whose small instance does not build is a row
-        row.update(status="no-instance", error=_first(exc))
+    built = build_and_predict(model_type, folder, row, POOLING)
+    if built is None:
         return row
-    report = scan(str(folder)).report
-    want = predicted(report, cpu_build=installed_is_cpu_build())
-    row.update(verdict=report["verdict"], score=report["score"], predicted=want.to_dict(), blockers=report["blockers"][:3])
+    model, want = built
     word_tokenizer().save_pretrained(folder)  # vLLM's pooling runner wants a tokenizer even for token-id prompts
     vocab = model.get_input_embeddings().weight.shape[0]  # I-BERT's QuantEmbedding has no num_embeddings
     ids = [t % vocab for t in PROMPT]

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from hfcheck.shared.command import interrupted
 from hfcheck.sweep.cli import add_parser, run
 
 
@@ -14,8 +15,7 @@ def main(argv=None) -> int:
     try:
         return run(args)
     except KeyboardInterrupt:
-        sys.stderr.write("hfcheck: interrupted\n")
-        return 130
+        return interrupted()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import cast
 
-from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, EXIT_INTERRUPTED
+from hfcheck.shared.command import EXIT_CLEAN, EXIT_INTERRUPTED, fail
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -119,11 +119,6 @@ def hub_entries(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return entries, scope
 
 
-def _fail(message: str) -> int:
-    sys.stderr.write(f"hfcheck: error: {message}\n")
-    return EXIT_ERROR
-
-
 def pool_args_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with --jobs / --timeout (shared by every command that runs the pool)."""
     if args.jobs is not None and args.jobs < 1:
@@ -138,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from hfcheck.analyzer.sources.model_types import TargetError, parse_refs, read_ref_file
 
     if problem := pool_args_problem(args):
-        return _fail(problem)
+        return fail(problem)
     address = ray_address(args)
     try:
         entries = list(args.refs)
@@ -153,10 +148,10 @@ def run(args: argparse.Namespace) -> int:
                              announce_as="hfcheck sweep")
         targets = parse_refs(entries)
     except TargetError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     full = not entries
     if full and args.from_file:
-        return _fail("--from file(s) list no references")
+        return fail("--from file(s) list no references")
     from hfcheck.sweep.cache import ResultCache
     from hfcheck.sweep.run import atlas_targets, sweep
 
@@ -174,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         with progress:
             result = sweep(targets, jobs=args.jobs, timeout=args.timeout, cache=cache, on_progress=on_progress, ray=address)
     except PoolError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
 
     if args.format == "json":
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import replace
 
-from hfcheck.shared.command import EXIT_CLEAN, EXIT_ERROR, Parser
+from hfcheck.shared.command import EXIT_CLEAN, Parser, fail, interrupted
 from hfcheck.sweep.cli import add_hub_arguments, add_ray_argument
 
 DEFAULT_AUTHOR_LIMIT = 100
@@ -49,11 +49,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
     add_vllm_argument(p)
     return p
-
-
-def _fail(message: str) -> int:
-    sys.stderr.write(f"hfcheck: error: {message}\n")
-    return EXIT_ERROR
 
 
 OFFLINE_HINT = "(references, --from and --atlas work offline)"
@@ -115,23 +110,23 @@ def run(args: argparse.Namespace) -> int:
     from hfcheck.sweep.cli import pool_args_problem, ray_address
 
     if problem := pool_args_problem(args):
-        return _fail(problem)
+        return fail(problem)
     address = ray_address(args)
     try:
         import textual  # noqa: F401
     except ImportError:
-        return _fail("hfcheck tui needs Textual: pip install 'hfcheck[tui]' (or pip install textual)")
+        return fail("hfcheck tui needs Textual: pip install 'hfcheck[tui]' (or pip install textual)")
     try:
         targets, scope = targets_from(args)
     except TargetError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     from hfcheck.tui.app import Dashboard
 
     if address is not None:
         try:
             import ray  # noqa: F401
         except ImportError:
-            return _fail("--ray needs Ray: pip install 'hfcheck[ray]'")
+            return fail("--ray needs Ray: pip install 'hfcheck[ray]'")
         scope += f" · on Ray ({address or 'default address'})"
     app = Dashboard(targets, jobs=args.jobs, timeout=args.timeout, use_cache=not args.no_cache, output_dir=args.output_dir, scope=scope, ray=address)
     app.run()
@@ -147,5 +142,4 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except KeyboardInterrupt:
-        sys.stderr.write("hfcheck: interrupted\n")
-        return 130
+        return interrupted()

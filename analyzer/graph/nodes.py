@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeGuard
 
 import torch
@@ -84,17 +84,7 @@ def output_value(graph: fx.Graph) -> object | None:
 def upstream_linear(node: object, module: nn.Module) -> fx.Node | None:
     """Nearest linear producing ``node``, through reshapes and non-linear children,
     never through an attention call (its inputs are attention's, not the producer)."""
-    stack, seen = [node], set()
-    while stack:
-        current = stack.pop()
-        if not isinstance(current, fx.Node) or current in seen:
-            continue
-        seen.add(current)
-        if is_linear(current, module):
-            return current
-        if current.op in ("call_function", "call_method", "call_module") and not is_opaque_call(current):
-            stack.extend(current.args)
-    return None
+    return next(_nearest_linears(node, module, lambda n: n.args), None)
 
 
 def downstream_linear(node: fx.Node, module: nn.Module) -> fx.Node | None:
@@ -136,18 +126,23 @@ def attention_key_value_linears(graph: fx.Graph, module: nn.Module) -> tuple[str
 def _linears_upstream(node: object, module: nn.Module) -> set[fx.Node]:
     """The nearest linears feeding ``node`` along every input (lists included: a partial
     rotary ``cat``), never through an opaque attention call."""
-    found: set[fx.Node] = set()
-    stack, seen = [node], set()
+    return set(_nearest_linears(node, module, lambda n: n.all_input_nodes))
+
+
+def _nearest_linears(node: object, module: nn.Module, inputs: Callable[[fx.Node], Iterable[object]]) -> Iterator[fx.Node]:
+    """The linears met walking up from ``node`` (depth first, ``inputs`` giving each node's), each
+    ending its path: the walk never passes through a linear or an opaque attention call."""
+    stack: list[object] = [node]
+    seen: set[fx.Node] = set()
     while stack:
         current = stack.pop()
         if not isinstance(current, fx.Node) or current in seen:
             continue
         seen.add(current)
         if is_linear(current, module):
-            found.add(current)
+            yield current
         elif current.op in ("call_function", "call_method", "call_module") and not is_opaque_call(current):
-            stack.extend(current.all_input_nodes)
-    return found
+            stack.extend(inputs(current))
 
 
 def reaches(node: fx.Node, direction: str) -> set[fx.Node]:

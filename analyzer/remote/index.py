@@ -163,17 +163,23 @@ def index_file(path: str, text: str, is_check=None) -> FileIndex:
             index.classes[stmt.name] = _class_info(index, stmt)
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             index.functions[stmt.name] = stmt
-        elif isinstance(stmt, ast.Assign):
-            for target in stmt.targets:
-                if isinstance(target, ast.Name):
-                    index.module_assigns[target.id] = (stmt.value, stmt.lineno)
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            index.module_assigns[stmt.target.id] = (stmt.value, stmt.lineno)
+        else:
+            _record_assign(stmt, index.module_assigns)
     # classes defined inside if/try blocks at module level (rare, but real)
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name not in index.classes and index.enclosing_function(node) is None and index.enclosing_class(node) is None:
             index.classes[node.name] = _class_info(index, node)
     return index
+
+
+def _record_assign(stmt: ast.stmt, assigns: dict[str, tuple[ast.expr, int]]) -> None:
+    """``name = value`` / ``name: T = value`` at this level: the value and its line, by name."""
+    if isinstance(stmt, ast.Assign):
+        for target in stmt.targets:
+            if isinstance(target, ast.Name):
+                assigns[target.id] = (stmt.value, stmt.lineno)
+    elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+        assigns[stmt.target.id] = (stmt.value, stmt.lineno)
 
 
 def _collect_imports(index: FileIndex, tree: ast.Module, is_check) -> None:
@@ -207,12 +213,8 @@ def _class_info(index: FileIndex, node: ast.ClassDef) -> ClassInfo:
     for stmt in node.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
             info.methods[stmt.name] = stmt
-        elif isinstance(stmt, ast.Assign):
-            for target in stmt.targets:
-                if isinstance(target, ast.Name):
-                    info.class_assigns[target.id] = (stmt.value, stmt.lineno)
-        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
-            info.class_assigns[stmt.target.id] = (stmt.value, stmt.lineno)
+        else:
+            _record_assign(stmt, info.class_assigns)
     for name, method in info.methods.items():
         for sub in ast.walk(method):
             targets: list[ast.expr]

@@ -21,3 +21,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"hfcheck: error: {message}\n")
         raise SystemExit(EXIT_ERROR)
+
+
+def fail(message: str) -> int:
+    """A command that cannot run: its one line on stderr, and the exit code that says so."""
+    sys.stderr.write(f"hfcheck: error: {message}\n")
+    return EXIT_ERROR
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line instead of a traceback, and the shell's own code for it."""
+    sys.stderr.write("hfcheck: interrupted\n")
+    return EXIT_INTERRUPTED
