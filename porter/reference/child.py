@@ -32,6 +32,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 PACKAGE = "hfcheck_ref_original"
 
@@ -39,6 +40,8 @@ PACKAGE = "hfcheck_ref_original"
 def _load_by_path(name: str, module_name: str):
     """A helper module next to this file (hfcheck is not installed in the reference env)."""
     spec = importlib.util.spec_from_file_location(module_name, os.path.join(os.path.dirname(os.path.abspath(__file__)), name))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {name} beside {__file__}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -46,6 +49,8 @@ def _load_by_path(name: str, module_name: str):
 
 def _load_fence(path: str):
     spec = importlib.util.spec_from_file_location("hfcheck_fence", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the fence from {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -165,7 +170,7 @@ def _checkpoint_reader(folder: str, torch):
             if name.endswith(".bin") and name != "training_args.bin":
                 for key in torch.load(os.path.join(folder, name), map_location="cpu", weights_only=True, mmap=True):
                     index[key] = ("pt", os.path.join(folder, name))
-    loaded = {}
+    loaded: dict[str, Any] = {}
 
     def get(key, shape):
         kind, path = index[key]
@@ -293,11 +298,11 @@ class _Run:
 
     root: str
     job: dict
-    fence: object
+    fence: Any  # the fence module, loaded by path (hfcheck is not installed here)
     result: dict
     tensors: dict = dataclasses.field(default_factory=dict)
     stage: str = "importing torch and transformers"  # the step under way: an error names it
-    shims: object = None
+    shims: Any = None  # gpu_shims, loaded by path when asked for
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
 
     @property
@@ -314,8 +319,8 @@ class _Watch:
     hidden: dict = dataclasses.field(default_factory=dict)
     calls: list = dataclasses.field(default_factory=list)
     hooks: list = dataclasses.field(default_factory=list)
-    recorder: object = None
-    mode: object = dataclasses.field(default_factory=contextlib.nullcontext)
+    recorder: Any = None  # record.DataflowRecorder, loaded by path
+    mode: Any = dataclasses.field(default_factory=contextlib.nullcontext)
 
 
 def _read_job(root: str) -> dict:

@@ -144,6 +144,7 @@ class _Original:
     def run(self, shims: bool = False) -> ReferenceRun:
         """One run of the original in the current environment, shrunk config and ids."""
         spec = RunSpec(self.tiny, self.ids, int(first(self.tiny, "layers") or 0), seed=self.seed, meta_config=self.config, gpu_shims=shims)
+        assert self.env is not None  # set before the first run: the environment of self.release
         return run_reference(self.env, RemoteCode(self.source.code_files, self.auto_map), spec, timeout=self.timeout)
 
     def with_optional(self, run: ReferenceRun, shims: bool = False) -> ReferenceRun:
@@ -151,7 +152,7 @@ class _Original:
         `assert rearrange is not None, 'Please install einops first'`): installed, and run again."""
         while not run.ok and (wanted := optional_package_wanted(run, self.packages)) is not None:
             if self.log:
-                self.log(f"the original asks for {wanted} ({run.error.splitlines()[0][:160]}); again with it installed")
+                self.log(f"the original asks for {wanted} ({(run.error or '?').splitlines()[0][:160]}); again with it installed")
             try:
                 self.env = ensure_env(EnvSpec(self.release, tuple(sorted({*self.packages, wanted}))), self.log)
             except EnvError:
@@ -255,7 +256,7 @@ def _with_gpu_shims(original: _Original, needs: str) -> tuple[ReferenceRun, list
         # (TeleChat's `flash_attn: true`); flash attention is exact softmax attention, so the
         # code's own eager path computes the same function
         if original.log:
-            original.log(f"the original's flash path needs a GPU ({shimmed.error.splitlines()[0][:160]}); again with {', '.join(flags)} false")
+            original.log(f"the original's flash path needs a GPU ({(shimmed.error or '?').splitlines()[0][:160]}); again with {', '.join(flags)} false")
         original.tiny = {**original.tiny, **dict.fromkeys(flags, False)}
         shimmed = original.with_optional(original.run(shims=True), shims=True)
         switched = flags
@@ -362,5 +363,5 @@ def _needs_a_gpu(run: ReferenceRun) -> str | None:
 
 
 def _is_import_failure(run: ReferenceRun) -> bool:
-    return bool(run.error) and run.error.startswith("importing the remote code") and ("ImportError" in run.error or "ModuleNotFoundError" in run.error
-                                                                                      or "AttributeError" in run.error)
+    error = run.error or ""
+    return error.startswith("importing the remote code") and ("ImportError" in error or "ModuleNotFoundError" in error or "AttributeError" in error)

@@ -80,7 +80,7 @@ class _StubLoader(importlib.abc.Loader):
 
 def _importer(depth: int = 2) -> str:
     """The file whose code asked for the import: the nearest frame outside importlib."""
-    frame = sys._getframe(depth)
+    frame: types.FrameType | None = sys._getframe(depth)
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith("<frozen importlib") or "/importlib/" in name):
@@ -120,7 +120,7 @@ def install(torch, package_dir: str, packages: list[str]) -> None:
     sys.meta_path.insert(0, _StubFinder(missing, package_dir))
 
     def where() -> str | None:
-        frame = sys._getframe(2)
+        frame: types.FrameType | None = sys._getframe(2)
         while frame is not None:
             if frame.f_code.co_filename.startswith(package_dir):
                 return f"{frame.f_code.co_filename[len(package_dir):].lstrip('/')}:{frame.f_lineno}"

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hfcheck.analyzer.instance.shrink import first, moved_after_layers, set_int_fields, truncation
 from hfcheck.isolation import child_env, private_root
@@ -35,6 +35,9 @@ from hfcheck.porter.reference.run import (
     RunSpec,
     run_reference,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SEQUENCE = 12
 
@@ -126,7 +129,7 @@ def child_main() -> None:  # pragma: no cover - runs in the child process (cover
             (staged / "config.json").write_text(json.dumps(job["config"]), encoding="utf-8")
             fence.strict = True
             cfg = AutoConfig.from_pretrained(str(staged), trust_remote_code=True, local_files_only=True)
-            cls = get_class_from_dynamic_module(ref, str(staged), local_files_only=True)
+            cls = cast("type[PreTrainedModel]", get_class_from_dynamic_module(ref, str(staged), local_files_only=True))
             with empty_weights(torch, params_only=True):
                 if job.get("attn"):
                     model = cls._from_config(cfg, attn_implementation=job["attn"], dtype=torch.float32)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 VALUE_LIMIT = 1 << 18  # elements kept per value: the shrunk layer's activations are far below
 MAX_OPS = 20000
@@ -63,7 +64,7 @@ class DataflowRecorder:
         self.current: dict[int, int] = {}  # id(tensor) -> node of its current value
         self.alive: list = []  # every tensor seen stays referenced, so ids are never reused
         self.nodes: list[dict] = []
-        self.values: dict[int, object] = {}
+        self.values: dict[int, Any] = {}  # tensors of the torch module this was given
         self.ops: list[dict] = []
         self.lines: list[list] = []
         self.frame_uid: dict[int, int] = {}
@@ -122,7 +123,7 @@ class DataflowRecorder:
             self.failed = True
 
     def _on_line(self, frame) -> None:
-        names = {}
+        names: dict[str, int | None] = {}
         for name, value in frame.f_locals.items():
             if isinstance(value, self.torch.Tensor):
                 names[name] = self.node(value)

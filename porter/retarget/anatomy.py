@@ -425,7 +425,7 @@ def _used_outside(modules: list[dict[str, Any]], vocab_embed: dict[str, Any], po
     """Parameters outside the layers the anatomy accounts for; any other one is an extra a target lacks."""
     by_name = {m["name"]: m for m in modules}
     used = ({f"{vocab_embed['name']}.weight"} | ({f"{positions['name']}.weight"} if positions else set())
-            | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head_bias else set()))
+            | ({f"{head['name']}.weight"} if head else set()) | ({f"{head['name']}.bias"} if head and head_bias else set()))
     if final_norm:
         used |= {f"{final_norm.path}.{p}" for p in by_name[final_norm.path]["params"]}
     return used
@@ -458,9 +458,9 @@ def _kv_heads(inputs: list[Linear], heads: int, d: int) -> int:
         return kv
     if len(inputs) == 2:
         q = [lin for lin in inputs if lin.out == heads * d]
-        kv = [lin for lin in inputs if lin not in q[:1]]
-        if q and kv and kv[0].out % (2 * d) == 0:
-            return kv[0].out // (2 * d)
+        kv_inputs = [lin for lin in inputs if lin not in q[:1]]
+        if q and kv_inputs and kv_inputs[0].out % (2 * d) == 0:
+            return kv_inputs[0].out // (2 * d)
     raise AnatomyError(f"{len(inputs)} attention input projections of {sizes} rows: no q/k/v split is known for them")
 
 
@@ -492,6 +492,10 @@ def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], 
     meta = run.result.get("meta_params") or {}
     lp = anatomy.layers_path
     layer0 = f"{lp}.{anatomy.layer_offset}."
+    hidden: int | None
+    head_dim: int | None
+    kv: int | None
+    intermediate: int | None
     if meta and f"{anatomy.embed}.weight" in meta and f"{layer0}{anatomy.layer.attention_output.path}.weight" in meta:
         vocab, hidden = meta[f"{anatomy.embed}.weight"]
 
@@ -532,4 +536,5 @@ def full_dims(anatomy: Anatomy, run: ReferenceRun, full_config: dict[str, Any], 
                               ("vocabulary", vocab), ("layers", layers)) if not isinstance(v, int)]
     if missing:
         raise AnatomyError(f"the full-size {', '.join(missing)} cannot be read from the config ({run.result.get('meta_error') or 'no meta build'})")
+    assert kv is not None and head_dim is not None and intermediate is not None  # each an int, or named missing above
     return Dims(hidden, heads, kv, head_dim, intermediate, vocab, layers)

@@ -28,6 +28,7 @@ streams a checkpoint on disk (safetensors, or PyTorch ``.bin`` read with
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -61,6 +62,11 @@ def _with_sources(recipe: Recipe, name: Callable[[str], str]) -> Recipe:
     return r
 
 
+def _at_layer(i: int, src: str) -> str:
+    """``src`` with each ``{i}`` / ``{i+k}`` index written for layer ``i``."""
+    return LAYER_INDEX.sub(lambda m: str(i + int(m.group(1) or 0)), src)
+
+
 def expand(plan: list[Recipe], layers: int) -> list[Recipe]:
     """The recipes with ``{i}`` replaced by every layer index (``{n+k}``: the k-th module
     after the last layer)."""
@@ -68,7 +74,7 @@ def expand(plan: list[Recipe], layers: int) -> list[Recipe]:
     for recipe in plan:
         if "{i}" in recipe["out"]:
             for i in range(layers):
-                r = _with_sources(recipe, lambda src, i=i: LAYER_INDEX.sub(lambda m: str(i + int(m.group(1) or 0)), src))
+                r = _with_sources(recipe, functools.partial(_at_layer, i))
                 r["out"] = recipe["out"].replace("{i}", str(i))
                 out.append(r)
         else:

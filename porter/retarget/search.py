@@ -181,8 +181,10 @@ def load_same_names(native_cfg: dict[str, Any], state: dict[str, Any]):
     with tempfile.TemporaryDirectory(prefix="hfcheck-samenames-") as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(native_cfg))
         save_file({k: v.contiguous() for k, v in state.items()}, str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
-        model, info = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager", output_loading_info=True,
+        # with output_loading_info transformers returns (model, info); its annotation names the model alone
+        loaded: Any = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, attn_implementation="eager", output_loading_info=True,
                                                            local_files_only=True)
+        model, info = loaded
     missing = sorted(k for k in info.get("missing_keys", []) if not k.endswith(("inv_freq", "rotary_emb.inv_freq")))
     unexpected = sorted(k for k in info.get("unexpected_keys", []) if not _is_buffer_name(k))
     return model.float().eval(), missing, unexpected

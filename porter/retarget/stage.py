@@ -123,6 +123,7 @@ def full_native_config(outcome: RetargetOutcome, reference: Reference, config: d
     if found.plan is None:
         native = hyp.config(None, config)  # same names: the config translated, sizes as they are
         return NativeTarget(native, int(native.get("num_hidden_layers") or 0))
+    assert outcome.analysed is not None  # a planned retarget was proven on the anatomy it read
     dims = full_dims(outcome.analysed, reference.run, config, reference.tiny_config)
     plan = hyp.plan(dims)
     return NativeTarget(hyp.config(dims, config), dims.layers, plan)
@@ -136,6 +137,7 @@ def extra_checks(outcome: RetargetOutcome, reference: Reference) -> ExtraChecks:
     checks: list[dict[str, Any]] = []
     notes: list[str] = []
     found = outcome.found
+    assert found is not None  # the extra checks are of the class the search found
     run = reference.run
     ids = torch.tensor(reference.input_ids, dtype=torch.long)
     layers = reference.num_layers
@@ -165,9 +167,9 @@ def extra_checks(outcome: RetargetOutcome, reference: Reference) -> ExtraChecks:
                                    "detail": f"not run: transformers {transformers.__version__}'s {found.hypothesis.architecture} has no sdpa path"})
     except Exception as exc:  # noqa: BLE001 - reported as a failed check
         checks.append({"name": "random weights, sdpa", "ok": False, "detail": f"{type(exc).__name__}: {str(exc)[:200]}"})
-    expected = run.result.get("greedy_no_cache") or run.result.get("generated")
-    own = run.result.get("generated")
-    stopped = bool(own) and len(own) < len(expected or []) and expected[:len(own)] == own
+    expected: list[int] = run.result.get("greedy_no_cache") or run.result.get("generated") or []
+    own: list[int] = run.result.get("generated") or []
+    stopped = bool(own) and len(own) < len(expected) and expected[:len(own)] == own
     if stopped:  # an EOS the generation config still named: a stop, not a defect
         notes.append(f"the original's own generate stopped after {len(own)} of {len(expected)} tokens ({own}, the last one its "
                              "end-of-sequence id); the tokens it gave equal its full forward pass token by token")
@@ -240,7 +242,7 @@ def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, target:
         reader = CheckpointReader(src_dir)
         if reader.kind is not None:
             if plan is None:
-                plan = identity_plan(reader.keys(), outcome.found.hypothesis and _layers_path(reader.keys()))
+                plan = identity_plan(reader.keys(), _layers_path(reader.keys()))
             try:
                 summary = convert_folder(plan, target.layers, src_dir, out_dir, max_shard_bytes=shard_bytes)
             except PlanError as exc:
@@ -260,4 +262,4 @@ def _layers_path(keys: list[str]) -> str:
         m = re.match(r"^(.*?)\.(\d+)\.", key)
         if m:
             counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-    return max(counts, key=counts.get) if counts else ""
+    return max(counts, key=lambda path: counts[path]) if counts else ""

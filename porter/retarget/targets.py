@@ -32,7 +32,7 @@ class Hypothesis:
     target: str  # native model_type
     architecture: str  # native class name
     choices: dict[str, str]  # the readings this hypothesis takes (shown in PORT.md)
-    config: Callable[[Dims, dict[str, Any]], dict[str, Any]]  # (dims, original config) -> native config
+    config: Callable[[Dims | None, dict[str, Any]], dict[str, Any]]  # (dims, original config) -> native config; dims None: sizes as they are
     plan: Callable[[Dims], list[Recipe]]
     notes: list[str] = field(default_factory=list)
 
@@ -119,7 +119,7 @@ def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
             layouts += [("blocks", n) for n in (4, 8, 2) if anatomy.dims.heads % n == 0 and anatomy.dims.heads > n // 2]
         for layout, blocks in layouts:
             def recipes(dims: Dims, out_prefix: str, layout=layout, blocks=blocks, packed=packed) -> list[Recipe]:
-                out = []
+                out: list[Recipe] = []
                 group = dims.heads // dims.kv_heads
                 sizes = [dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim, dims.kv_heads * dims.head_dim]
                 for n, part in enumerate("qkv"):
@@ -142,25 +142,25 @@ def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
         if len({id(v) for v in by_name.values()}) == 3:
             orders.append((by_name["q"], by_name["k"], by_name["v"]))
         q_size = anatomy.dims.heads * anatomy.dims.head_dim
-        for perm in itertools.permutations(inputs):
+        for perm in itertools.permutations(inputs, 3):
             if perm[0].out == q_size and perm not in orders:
                 orders.append(perm)
         for q, k, v in orders:
-            def recipes(dims: Dims, out_prefix: str, q=q, k=k, v=v) -> list[Recipe]:
-                out = []
+            def separate_recipes(dims: Dims, out_prefix: str, q=q, k=k, v=v) -> list[Recipe]:
+                out: list[Recipe] = []
                 for part, lin in zip("qkv", (q, k, v)):
                     for kind in ("weight", "bias") if lin.bias else ("weight",):
                         out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{lin.path}.{kind}", "role": part})
                 return out
-            yield {"q/k/v": f"q={q.path}, k={k.path}, v={v.path}"}, recipes
+            yield {"q/k/v": f"q={q.path}, k={k.path}, v={v.path}"}, separate_recipes
         return
     if len(inputs) == 2:
         q_size = anatomy.dims.heads * anatomy.dims.head_dim
         q = next(lin for lin in inputs if lin.out == q_size)
         kv = next(lin for lin in inputs if lin is not q)
         for layout in ("contiguous", "grouped"):
-            def recipes(dims: Dims, out_prefix: str, q=q, kv=kv, layout=layout) -> list[Recipe]:
-                out = []
+            def packed_kv_recipes(dims: Dims, out_prefix: str, q=q, kv=kv, layout=layout) -> list[Recipe]:
+                out: list[Recipe] = []
                 for kind in ("weight", "bias") if q.bias else ("weight",):
                     out.append({"out": f"{out_prefix}q_proj.{kind}", "src": f"{lp}.{q.path}.{kind}", "role": "q"})
                 for n, part in enumerate("kv"):
@@ -169,7 +169,7 @@ def _qkv_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
                     for kind in ("weight", "bias") if kv.bias else ("weight",):
                         out.append({"out": f"{out_prefix}{part}_proj.{kind}", "src": f"{lp}.{kv.path}.{kind}", "take": take, "role": part})
                 return out
-            yield {"q/k/v": f"q={q.path}, k/v={kv.path} packed, {layout} rows"}, recipes
+            yield {"q/k/v": f"q={q.path}, k/v={kv.path} packed, {layout} rows"}, packed_kv_recipes
 
 
 def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[Dims, str, bool], list[Recipe]]]]:
@@ -193,7 +193,7 @@ def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
     elif len(inputs) == 1 and inputs[0].out == 2 * anatomy.dims.intermediate:
         packed = inputs[0]
         for gate_half in (0, 1):
-            def recipes(dims: Dims, prefix: str, packed_out: bool, gate_half=gate_half, packed=packed) -> list[Recipe]:
+            def packed_recipes(dims: Dims, prefix: str, packed_out: bool, gate_half=gate_half, packed=packed) -> list[Recipe]:
                 kinds = ("weight", "bias") if packed.bias else ("weight",)
                 if packed_out:
                     if gate_half != 0:
@@ -201,11 +201,11 @@ def _mlp_readings(anatomy: Anatomy) -> Iterator[tuple[dict[str, str], Callable[[
                     return [{"out": f"{prefix}gate_up_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "role": "gate_up"} for k in kinds]
                 return ([{"out": f"{prefix}gate_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "take": {"layout": "halves", "part": gate_half}, "role": "gate"} for k in kinds]
                         + [{"out": f"{prefix}up_proj.{k}", "src": f"{lp}.{packed.path}.{k}", "take": {"layout": "halves", "part": 1 - gate_half}, "role": "up"} for k in kinds])
-            yield {"gate/up": f"{packed.path} packed, gate = {'first' if gate_half == 0 else 'second'} half"}, recipes
+            yield {"gate/up": f"{packed.path} packed, gate = {'first' if gate_half == 0 else 'second'} half"}, packed_recipes
 
 
 def _permute(recipes: list[Recipe], dims: Dims, rotary_dim: int, inverse: bool = False) -> list[Recipe]:
-    out = []
+    out: list[Recipe] = []
     for r in recipes:
         if r.get("role") in ("q", "k"):
             r = dict(r)
@@ -216,7 +216,7 @@ def _permute(recipes: list[Recipe], dims: Dims, rotary_dim: int, inverse: bool =
 
 def _norm_recipes(anatomy: Anatomy, out: str, norm, layer: bool) -> list[Recipe]:
     src = f"{anatomy.layer_src}.{norm.path}" if layer else norm.path
-    recipes = [{"out": f"{out}.weight", "src": f"{src}.{norm.weight_name}"}]
+    recipes: list[Recipe] = [{"out": f"{out}.weight", "src": f"{src}.{norm.weight_name}"}]
     if norm.bias:
         recipes.append({"out": f"{out}.bias", "src": f"{src}.bias"})
     return recipes
@@ -260,7 +260,8 @@ class Target:
     def match(self, anatomy: Anatomy | None, original: dict[str, Any]) -> str | None:
         raise NotImplementedError
 
-    def hypotheses(self, anatomy: Anatomy, original: dict[str, Any]) -> Iterator[Hypothesis]:
+    def hypotheses(self, anatomy: Anatomy | None, original: dict[str, Any]) -> Iterator[Hypothesis]:
+        """The readings to prove (``anatomy`` is None only for a target whose ``match`` takes a model without one)."""
         raise NotImplementedError
 
 
@@ -354,7 +355,7 @@ class LlamaFamily(Target):
                     attn = _permute(attn, d, rot, inverse=True)
                 elif model_type != "glm" and style == "interleaved":
                     attn = _permute(attn, d, rot)
-                recipes = [{"out": "model.embed_tokens.weight", "src": f"{anatomy.embed}.weight"}]
+                recipes: list[Recipe] = [{"out": "model.embed_tokens.weight", "src": f"{anatomy.embed}.weight"}]
                 recipes += _norm_recipes(anatomy, prefix + "input_layernorm", layer.norms[0], True)
                 recipes += attn
                 recipes += [{"out": f"{prefix}self_attn.o_proj.weight", "src": f"{anatomy.layer_src}.{layer.attention_output.path}.weight"}]
@@ -529,7 +530,7 @@ class ParallelFamily(Target):
                 elif not phi and style == "half":
                     attn = _permute(attn, d, rot, inverse=True)
                 src = anatomy.layer_src
-                recipes = [{"out": f"{base}.{'embed_tokens' if phi else 'wte'}.weight", "src": f"{anatomy.embed}.weight"}]
+                recipes: list[Recipe] = [{"out": f"{base}.{'embed_tokens' if phi else 'wte'}.weight", "src": f"{anatomy.embed}.weight"}]
                 recipes += _norm_recipes(anatomy, prefix + ("input_layernorm" if phi else "ln_1"), layer.norms[0], True)
                 recipes += attn
                 recipes.append({"out": f"{prefix}{attn_name}.{out_name}.weight", "src": f"{src}.{layer.attention_output.path}.weight"})
@@ -635,7 +636,7 @@ class LearnedPositionsFamily(Target):
                 src = anatomy.layer_src
                 qkv_bias = any(lin.bias for lin in layer.attention_inputs)
                 attn = _packed_qkv(qkv(d, prefix + "attn."), prefix + "attn.c_attn", d, True)
-                recipes = [{"out": "transformer.wte.weight", "src": f"{anatomy.embed}.weight"},
+                recipes: list[Recipe] = [{"out": "transformer.wte.weight", "src": f"{anatomy.embed}.weight"},
                            {"out": "transformer.wpe.weight", "src": f"{anatomy.positions}.weight"}]
                 recipes += _norm_recipes(anatomy, prefix + "ln_1", layer.norms[0], True)
                 if not qkv_bias:
