@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from torch import nn
+from torch import fx, nn
 
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.tracer import Trace, trace_module
@@ -86,6 +86,22 @@ class Pattern(ABC):
     def validate(cls, match: Match, module: nn.Module, ctx: FusionContext) -> str | None:
         """``None`` when this instance can take the fusion, else the reason it cannot."""
         return None
+
+
+class GraphPattern(Pattern):
+    """A pattern read off the module's fx graph: where fx could not trace the module there is no
+    graph, and vLLM's fuser (which walks the same graph) finds nothing, so neither does this."""
+
+    @classmethod
+    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
+        if trace is None or trace.graph is None:
+            return None
+        return cls.match_graph(trace.graph, module)
+
+    @classmethod
+    @abstractmethod
+    def match_graph(cls, graph: fx.Graph, module: nn.Module) -> Match | None:
+        """The pattern in ``module``'s traced ``graph``, if present."""
 
 
 def class_key(module: nn.Module) -> tuple:

@@ -12,11 +12,10 @@ from typing import cast
 
 from torch import fx, nn
 
-from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.base import FusionContext, GraphPattern, Match
 from hfcheck.analyzer.fusions.merged_column import MergedColumn
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import find, is_linear, peel
-from hfcheck.analyzer.graph.tracer import Trace
 from hfcheck.analyzer.terms.vocabulary import ACT_AND_MUL_KERNELS
 
 
@@ -60,14 +59,12 @@ def merge_glu(funcdef: ast.FunctionDef, gate: str, up: str, act: str, merged: st
     src.replace_node(funcdef, muls[0], act_call)
 
 
-class GLU(Pattern):
+class GLU(GraphPattern):
     name = "glu"
 
     @classmethod
-    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        if trace is None or trace.graph is None:
-            return None
-        for mul in trace.graph.nodes:
+    def match_graph(cls, graph: fx.Graph, module: nn.Module) -> Match | None:
+        for mul in graph.nodes:
             if not (mul.op == "call_function" and mul.target is operator.mul and len(mul.args) == 2):
                 continue
             a, b = mul.args
@@ -79,7 +76,7 @@ class GLU(Pattern):
                 continue
             gate = act.args[0]
             if len(gate.args) == 1 and len(up.args) == 1 and isinstance(gate.args[0], fx.Node) and gate.args[0] is up.args[0]:
-                down = find(trace.graph, lambda n: is_linear(n, module) and peel(n.args[0]) is mul)
+                down = find(graph, lambda n: is_linear(n, module) and peel(n.args[0]) is mul)
                 return Match(
                     cls.name,
                     (str(gate.target), str(up.target)),

@@ -5,23 +5,20 @@ from __future__ import annotations
 import ast
 from typing import cast
 
-from torch import nn
+from torch import fx, nn
 
-from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.base import FusionContext, GraphPattern, Match
 from hfcheck.analyzer.fusions.qkv import linears_by_input
 from hfcheck.analyzer.graph import forward_source as src
-from hfcheck.analyzer.graph.tracer import Trace
 
 
-class MergedColumn(Pattern):
+class MergedColumn(GraphPattern):
     name = "merged_column"
 
     @classmethod
-    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        if trace is None or trace.graph is None:
-            return None
+    def match_graph(cls, graph: fx.Graph, module: nn.Module) -> Match | None:
         groups = []
-        for group in linears_by_input(trace.graph, module).values():
+        for group in linears_by_input(graph, module).values():
             names = tuple(str(n.target) for n in group)
             if len(group) >= 2 and len(set(names)) == len(names) and not any("." in n for n in names):
                 groups.append(names)

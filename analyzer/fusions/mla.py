@@ -12,7 +12,7 @@ from typing import cast
 
 from torch import fx, nn
 
-from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.base import FusionContext, GraphPattern, Match
 from hfcheck.analyzer.fusions.rms_norm import is_rms_norm
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import (
@@ -22,7 +22,6 @@ from hfcheck.analyzer.graph.nodes import (
     returned_linear,
     upstream_linear,
 )
-from hfcheck.analyzer.graph.tracer import Trace
 
 DEEPSEEK_MLA_TYPES = frozenset({
     "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "deepseek_v41", "dots3_note",
@@ -100,14 +99,11 @@ def bypass_latent_expansion(funcdef: ast.FunctionDef, module: nn.Module, kv_b: s
     src.replace_node(funcdef, calls[0], ast.Tuple(list(calls[0].args), ast.Load()))
 
 
-class MLA(Pattern):
+class MLA(GraphPattern):
     name = "mla"
 
     @classmethod
-    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        if trace is None or trace.graph is None:
-            return None
-        graph = trace.graph
+    def match_graph(cls, graph: fx.Graph, module: nn.Module) -> Match | None:
         chains = []
         for node in graph.nodes:
             if node.op != "call_module" or is_linear(node, module) or not node.args:

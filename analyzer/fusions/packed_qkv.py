@@ -6,10 +6,9 @@ import ast
 
 from torch import fx, nn
 
-from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.base import FusionContext, GraphPattern, Match
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import is_method, returned_linear, upstream_linear
-from hfcheck.analyzer.graph.tracer import Trace
 
 
 def _split_sizes(node: fx.Node) -> tuple[int, int] | None:
@@ -43,14 +42,12 @@ def packed_split(funcdef: ast.FunctionDef, name: str) -> None:
     splits[0].args[0] = src.local_sizes(name)
 
 
-class PackedQKV(Pattern):
+class PackedQKV(GraphPattern):
     name = "packed_qkv"
 
     @classmethod
-    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        if trace is None or trace.graph is None:
-            return None
-        for node in trace.graph.nodes:
+    def match_graph(cls, graph: fx.Graph, module: nn.Module) -> Match | None:
+        for node in graph.nodes:
             if (sizes := _split_sizes(node)) is None:
                 continue
             q_size, kv_size = sizes
@@ -60,7 +57,7 @@ class PackedQKV(Pattern):
             name = str(source.target)
             if module.get_submodule(name).out_features != q_size + 2 * kv_size:
                 continue
-            o_name = returned_linear(trace.graph, module)
+            o_name = returned_linear(graph, module)
             if o_name == name or (o_name is not None and module.get_submodule(o_name).in_features != q_size):
                 o_name = None
             return Match(cls.name, (name,), o_name, {"q_size": q_size, "kv_size": kv_size})

@@ -7,7 +7,7 @@ from typing import cast
 
 from torch import fx, nn
 
-from hfcheck.analyzer.fusions.base import FusionContext, Match, Pattern
+from hfcheck.analyzer.fusions.base import FusionContext, GraphPattern, Match
 from hfcheck.analyzer.graph import forward_source as src
 from hfcheck.analyzer.graph.nodes import (
     child,
@@ -15,7 +15,6 @@ from hfcheck.analyzer.graph.nodes import (
     reads_forward_input,
     returned_linear,
 )
-from hfcheck.analyzer.graph.tracer import Trace
 
 
 def linears_by_input(graph: fx.Graph, module: nn.Module) -> dict[fx.Node, list[fx.Node]]:
@@ -27,14 +26,12 @@ def linears_by_input(graph: fx.Graph, module: nn.Module) -> dict[fx.Node, list[f
     return groups
 
 
-class QKV(Pattern):
+class QKV(GraphPattern):
     name = "qkv"
 
     @classmethod
-    def find(cls, trace: Trace | None, module: nn.Module) -> Match | None:
-        if trace is None or trace.graph is None:
-            return None
-        triples = [g for g in linears_by_input(trace.graph, module).values() if len(g) == 3]
+    def match_graph(cls, graph: fx.Graph, module: nn.Module) -> Match | None:
+        triples = [g for g in linears_by_input(graph, module).values() if len(g) == 3]
         if len(triples) != 1:
             return None
         nodes = triples[0]
@@ -49,7 +46,7 @@ class QKV(Pattern):
         else:
             return None
         names = (str(q.target), str(k.target), str(v.target))
-        o_name = returned_linear(trace.graph, module)
+        o_name = returned_linear(graph, module)
         if o_name in names or (o_name is not None and module.get_submodule(o_name).in_features != child(module, q).out_features):
             o_name = None
         return Match(cls.name, names, o_name)

@@ -11,8 +11,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ._base import ModelSource, read_config, read_generation_config
-from .code_files import Fetch, collect_code
+from ._base import ModelSource, read_config
+from .assemble import Origin, assemble
+from .code_files import Fetch
 from .local import folder_fetcher
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "data" / "bundled"
@@ -49,16 +50,6 @@ def load_bundled(
     the local HF cache.
     """
     config = read_config(folder / "config.json", f"bundled config.json of {repo_id}")
-    code, missing = collect_code(config, folder_fetcher(folder, UNREACHABLE_CODE), hub_cache_fetcher)
-    return ModelSource(
-        ref=ref,
-        kind="bundled",
-        repo_id=repo_id,
-        revision=None,
-        config=config,
-        generation_config=read_generation_config(folder / "generation_config.json"),
-        code_files=code,
-        missing_code=missing,
-        location=str(folder),
-        note=note,
-    )
+    origin = Origin(ref, "bundled", repo_id, None, str(folder), note)
+    own = folder_fetcher(folder, UNREACHABLE_CODE)
+    return assemble(origin, config, own, hub_cache_fetcher, folder / "generation_config.json", processor=False)

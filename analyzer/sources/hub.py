@@ -27,10 +27,10 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.utils import validate_repo_id
 
-from ._base import ModelSource, SourceError, first_line, read_config, read_generation_config
+from ._base import ModelSource, SourceError, first_line, read_config
+from .assemble import Origin, assemble
 from .bundled import bundled_dir, load_bundled
-from .code_files import CodeUnavailable, Fetch, collect_code
-from .processor_files import collect_processor_files
+from .code_files import CodeUnavailable, Fetch
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx
     from httpx2 import TransportError
@@ -159,20 +159,8 @@ def resolve_hub(ref: str) -> ModelSource:
         generation_file = None
     own = hub_fetcher(session, repo_id, pinned)
     other = lambda repo: hub_fetcher(session, repo, None)  # noqa: E731
-    code, missing = collect_code(config, own, other)
-    return ModelSource(
-        ref=ref,
-        kind="hub",
-        repo_id=repo_id,
-        revision=pinned,
-        config=config,
-        generation_config=read_generation_config(generation_file) if generation_file else None,
-        code_files=code,
-        missing_code=missing,
-        location=str(config_file.parent),
-        note=None,
-        processor=collect_processor_files(config, own, other, str(config_file.parent)),
-    )
+    origin = Origin(ref, "hub", repo_id, pinned, str(config_file.parent))
+    return assemble(origin, config, own, other, generation_file)
 
 
 def _fallback(ref: str, repo_id: str, revision: str | None, session: HubSession) -> ModelSource:

@@ -10,9 +10,9 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from ._base import ModelSource, SourceError, read_config, read_generation_config
-from .code_files import CodeUnavailable, Fetch, collect_code
-from .processor_files import collect_processor_files
+from ._base import ModelSource, SourceError, read_config
+from .assemble import Origin, assemble
+from .code_files import CodeUnavailable, Fetch
 
 _PATH_PREFIXES = ("./", "../", "/", "~", ".\\", "..\\", "\\")
 _WINDOWS_ABSOLUTE = re.compile(r"^[A-Za-z]:[\\/]")
@@ -85,17 +85,5 @@ def resolve_local(ref: str, folder: Path, hub_fetcher: Callable[[str], Fetch]) -
         raise SourceError(f"{ref}: no config.json in {folder}")
     config = read_config(config_path, str(config_path))
     own = folder_fetcher(folder, "not found in the model folder")
-    code, missing = collect_code(config, own, hub_fetcher)
-    return ModelSource(
-        ref=ref,
-        kind="local",
-        repo_id=None,
-        revision=None,
-        config=config,
-        generation_config=read_generation_config(folder / "generation_config.json"),
-        code_files=code,
-        missing_code=missing,
-        location=str(folder.resolve()),
-        note=None,
-        processor=collect_processor_files(config, own, hub_fetcher, str(folder.resolve())),
-    )
+    origin = Origin(ref, "local", None, None, str(folder.resolve()))
+    return assemble(origin, config, own, hub_fetcher, folder / "generation_config.json")
