@@ -31,23 +31,28 @@ from hfcheck.sweep.worker import PoolError, Stopped, WorkerPool
 
 
 @dataclass(frozen=True)
-class Started:
+class TargetEvent:
+    """Something that happened to one target of one submission (``generation``: events of a
+    submission the user has since replaced are dropped by the app)."""
+
     key: str
     generation: int
 
 
 @dataclass(frozen=True)
-class Finished:
-    key: str
-    generation: int
+class Started(TargetEvent):
+    pass
+
+
+@dataclass(frozen=True)
+class Finished(TargetEvent):
     result: dict[str, Any]
     cached: bool = False
 
 
 @dataclass(frozen=True)
-class Cancelled:
-    key: str
-    generation: int
+class Cancelled(TargetEvent):
+    pass
 
 
 @dataclass(frozen=True)

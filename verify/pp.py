@@ -14,20 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hfcheck.verify.common import (
-    Comparator,
-    Proof,
-    Recorder,
-    Subject,
-    Timer,
-    input_embeddings,
-    rel_error,
-    run_model,
-    single_thread,
-)
+from hfcheck.verify.common import Comparator, Proof, Subject, Timer, input_embeddings, rel_error
 from hfcheck.verify.dist import LaunchError, launch
 from hfcheck.verify.layers import PassThrough
-from hfcheck.verify.tp import crash_result, summarise
+from hfcheck.verify.tp import crash_result, reference_recording, summarise
 
 
 def stage_bounds(layers: int, stages: int) -> list[tuple[int, int]]:
@@ -72,11 +62,9 @@ def prove_pp(subject: Subject, stages: int = 2, timeout_s: float = 120.0) -> Pro
 
     handle = layers[0].register_forward_hook(note_output)
     try:
-        with torch.no_grad(), single_thread(), Recorder(model) as rec:
-            hidden, logits = run_model(model, subject.input_ids)
+        reference, hidden, logits = reference_recording(subject)
     finally:
         handle.remove()
-    reference = rec.values
     table = input_embeddings(model).weight.detach().clone()
 
     def task(rank: int, world: int) -> dict:

@@ -302,19 +302,17 @@ def _postprocess(mt: str, cfg: Mapping[str, Any], kinds: list[str]) -> list[str]
 _FULL_IS_INDEXED = frozenset({"qwen4_exp", "qwen4_exp_text", "glm5_next", "glm5_next_text"})
 _DOTS3_NOTE = frozenset({"dots3_note", "dots3_note_text"})
 # Gemma-4 style configs force the last layer to full attention (with a warning).
-_LAST_LAYER_FULL = frozenset(
-    {
-        "gemma4",
-        "gemma4_text",
-        "gemma4_unified",
-        "gemma4_unified_text",
-        "gemma4_unified_assistant",
-        "diffusion_gemma",
-        "diffusion_gemma_text",
-        "embedding_gemma2",
-        "embedding_gemma2_text",
-    }
+_GEMMA4_STYLE = (
+    "gemma4",
+    "gemma4_text",
+    "gemma4_unified",
+    "gemma4_unified_text",
+    "gemma4_unified_assistant",
+    "diffusion_gemma",
+    "diffusion_gemma_text",
 )
+"""Gemma 4 and the models written from it: five sliding layers, then one full."""
+_LAST_LAYER_FULL = frozenset({*_GEMMA4_STYLE, "embedding_gemma2", "embedding_gemma2_text"})
 
 
 # --------------------------------------------------------------------------- helpers
@@ -727,15 +725,7 @@ _RULES: dict[str, Rule] = {
     },
     **{
         mt: _every(6, "full_attention", "sliding_attention")
-        for mt in (
-            "gemma4",
-            "gemma4_text",
-            "gemma4_unified",
-            "gemma4_unified_text",
-            "gemma4_unified_assistant",
-            "diffusion_gemma",
-            "diffusion_gemma_text",
-        )
+        for mt in _GEMMA4_STYLE
     },
     "gemma3n": _every(5, "full_attention", "sliding_attention"),
     "gemma3n_text": _every(5, "full_attention", "sliding_attention"),

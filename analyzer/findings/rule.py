@@ -15,6 +15,7 @@ from hfcheck.analyzer.vllm.sources import cite_all
 
 if TYPE_CHECKING:
     from hfcheck.analyzer.analysis import Analysis
+    from hfcheck.analyzer.analysis.observe import Observations
 
 PLATFORM_LABELS = {"cuda": "CUDA GPUs", "cpu": "vLLM's CPU build"}
 
@@ -115,6 +116,23 @@ class Rule:
             text += f"\nvLLM source (vLLM {modelled_version()})\n" + "\n".join(f"  {c}" for c in cite_all(cls.vllm_source)) + "\n"
         return text
 
+
+
+class ObservedRule(Rule):
+    """A rule that reads what the walk of the tiny instance observed (``check_observed``).
+    Without an instance it says ``without_instance`` as an inconclusive finding, or nothing
+    where it is None (another rule already says why there is no instance)."""
+
+    without_instance: ClassVar[str | None] = None
+
+    def check(self, analysis: Analysis) -> list[Finding]:
+        obs = analysis.observations
+        if obs is None:
+            return [self.inconclusive(self.without_instance)] if self.without_instance else []
+        return self.check_observed(analysis, obs)
+
+    def check_observed(self, analysis: Analysis, obs: Observations) -> list[Finding]:
+        raise NotImplementedError
 
 def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.strip("\n").splitlines())

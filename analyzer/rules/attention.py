@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hfcheck.analyzer.facts.runner import is_mm_prefix_lm
-from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, ObservedRule, Rule
 from hfcheck.analyzer.terms import vocabulary as V
 
 _SSM_BESIDE_ATTENTION = frozenset({"hybrid", "hybrid_sliding"})
@@ -195,7 +195,7 @@ class ValueHeadSize(Rule):
         return [self.passed("keys and values have one head size, as vLLM's attention has")]
 
 
-class AttentionArguments(Rule):
+class AttentionArguments(ObservedRule):
     code = "HFC203"
     name = "attention-arguments-resolvable"
     impact = "blocker"
@@ -209,10 +209,9 @@ class AttentionArguments(Rule):
         "model_executor/models/transformers/fusers/attention.py::AttentionFuser.match",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return [self.inconclusive("no instance to read")]
+    without_instance = "no instance to read"
+
+    def check_observed(self, analysis, obs) -> list[Finding]:
         if obs.attention_problems:
             return [self.failed("; ".join(obs.attention_problems[:3]))]
         sinks = [m.cls for m in obs.modules if m.sinks]

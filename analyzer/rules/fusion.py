@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, ObservedRule
 
 _PROJECTION_FUSIONS = {"qkv", "packed_qkv", "mla"}
 
@@ -20,7 +20,7 @@ def _why_not(module, wanted: set[str]) -> str:
     return "its linears do not read the forward's input directly (e.g. a norm or reshape in between)"
 
 
-class AttentionProjections(Rule):
+class AttentionProjections(ObservedRule):
     code = "HFC301"
     name = "qkv-fusion"
     impact = "speed"
@@ -37,10 +37,9 @@ class AttentionProjections(Rule):
         "model_executor/models/transformers/fusers/mla.py::MLAFuser",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return [self.inconclusive("no instance to trace")]
+    without_instance = "no instance to trace"
+
+    def check_observed(self, analysis, obs) -> list[Finding]:
         attn = {m.cls: m for m in obs.modules if m.attention}
         if not attn:
             return [self.inconclusive("no attention module to check")]
@@ -63,7 +62,7 @@ def _looks_like_mlp(m) -> bool:
     return any(s in name for s in ("mlp", "feedforward", "ffn", "expert")) or "glu" in {n for n, _ in m.refused + m.rejected}
 
 
-class GatedMLP(Rule):
+class GatedMLP(ObservedRule):
     code = "HFC302"
     name = "glu-fusion"
     impact = "speed"
@@ -80,10 +79,9 @@ class GatedMLP(Rule):
         "model_executor/models/transformers/fusers/merged_column.py::MergedColumnParallelFuser",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return [self.inconclusive("no instance to trace")]
+    without_instance = "no instance to trace"
+
+    def check_observed(self, analysis, obs) -> list[Finding]:
         out = []
         for m in obs.module_classes(_looks_like_mlp):
             if m.linears_share_input is False and not m.fusions:
@@ -99,7 +97,7 @@ class GatedMLP(Rule):
         return out
 
 
-class RMSNormDetected(Rule):
+class RMSNormDetected(ObservedRule):
     code = "HFC303"
     name = "rms-norm-fusion"
     impact = "speed"
@@ -112,10 +110,9 @@ class RMSNormDetected(Rule):
         "model_executor/models/transformers/fusers/rms_norm.py::RMSNormFuser.match",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return [self.inconclusive("no instance to trace")]
+    without_instance = "no instance to trace"
+
+    def check_observed(self, analysis, obs) -> list[Finding]:
         out = []
         for m in obs.module_classes(lambda m: m.cls.endswith("RMSNorm")):
             if "rms_norm" in m.fusions:

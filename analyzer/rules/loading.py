@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, ObservedRule, Rule
 
 
 def _some(names: list[str], limit: int = 4) -> str:
@@ -65,7 +65,7 @@ class CheckpointLoads(Rule):
         return findings
 
 
-class LinearSubclassForward(Rule):
+class LinearSubclassForward(ObservedRule):
     code = "HFC106"
     name = "linear-subclass-forward"
     impact = "blocker"
@@ -93,11 +93,9 @@ class LinearSubclassForward(Rule):
         "model_executor/models/transformers/base.py::Base.recursive_replace",
         "model_executor/models/transformers/utils.py::replace_linear_class",
     )
+    without_instance = None  # HFC104 and HFC201 already say why there is no instance
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return []  # no instance: HFC104 and HFC201 already say so
+    def check_observed(self, analysis, obs) -> list[Finding]:
         lost = obs.linear_forwards_lost
         if not lost:
             return [self.passed("every nn.Linear vLLM replaces computes only x @ W.T + b")]

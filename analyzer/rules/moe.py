@@ -6,6 +6,22 @@ from hfcheck.analyzer.facts.config_fields import text_config_of
 from hfcheck.analyzer.findings.rule import Finding, Rule
 
 
+class MoEBlockRule(Rule):
+    """A rule about the MoE blocks the walk of the tiny instance found (``check_blocks``); a
+    dense model, no instance, or no block found gets ``without_blocks`` (nothing, by default)."""
+
+    def check(self, analysis) -> list[Finding]:
+        obs = analysis.observations
+        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
+            return self.without_blocks()
+        return self.check_blocks(analysis, obs)
+
+    def without_blocks(self) -> list[Finding]:
+        return []
+
+    def check_blocks(self, analysis, obs) -> list[Finding]:
+        raise NotImplementedError
+
 class ExpertsReplaceable(Rule):
     code = "HFC401"
     name = "moe-experts-replaced"
@@ -33,7 +49,7 @@ class ExpertsReplaceable(Rule):
         return out
 
 
-class InternalRouting(Rule):
+class InternalRouting(MoEBlockRule):
     code = "HFC402"
     name = "moe-routing"
     impact = "speed"
@@ -47,10 +63,10 @@ class InternalRouting(Rule):
         "model_executor/models/transformers/moe.py::MoEMixin.recursive_replace",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
-            return [self.noted("no MoE block to route")]
+    def without_blocks(self) -> list[Finding]:
+        return [self.noted("no MoE block to route")]
+
+    def check_blocks(self, analysis, obs) -> list[Finding]:
         out = []
         for block in (b for b in obs.moe_classes() if b.experts_replaceable):
             if block.internal_routing:
@@ -60,7 +76,7 @@ class InternalRouting(Rule):
         return out or [self.noted("experts are not replaced, so routing stays in transformers")]
 
 
-class RoutingInputs(Rule):
+class RoutingInputs(MoEBlockRule):
     code = "HFC405"
     name = "moe-routing-inputs"
     impact = "blocker"
@@ -82,17 +98,14 @@ class RoutingInputs(Rule):
         "model_executor/models/transformers/fusers/moe.py::MoEBlockFuser.gate",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
-            return []
+    def check_blocks(self, analysis, obs) -> list[Finding]:
         dropped = [b for b in obs.moe_classes() if b.experts_replaceable and b.internal_routing and b.routing_drops]
         if dropped:
             return [self.failed(f"{b.block_class}: {b.routing_drops}") for b in dropped]
         return [self.passed("vLLM's routing reads what each block's routing reads")]
 
 
-class ExpertCount(Rule):
+class ExpertCount(MoEBlockRule):
     code = "HFC407"
     name = "moe-expert-count"
     impact = "blocker"
@@ -111,10 +124,7 @@ class ExpertCount(Rule):
         "transformers_utils/config.py::CONFIG_FIELD_ALIASES",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if not analysis.facts.is_moe or obs is None or not obs.moe_blocks:
-            return []
+    def check_blocks(self, analysis, obs) -> list[Finding]:
         wrong = [b for b in obs.moe_classes() if b.experts_replaceable and b.expert_count_problem]
         if wrong:
             return [self.failed(f"{b.block_class}.experts ({b.experts_class}): {b.expert_count_problem}") for b in wrong]

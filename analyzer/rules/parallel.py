@@ -6,7 +6,7 @@ import re
 
 from torch import nn
 
-from hfcheck.analyzer.findings.rule import Finding, Rule
+from hfcheck.analyzer.findings.rule import Finding, ObservedRule, Rule
 from hfcheck.analyzer.terms import vocabulary as V
 
 
@@ -91,7 +91,7 @@ def refusal_scope(constraints: list[tuple[str, str]]) -> str | None:
     return THIS_BACKEND if any(scope == THIS_BACKEND for _, scope in constraints) else ANY_BACKEND
 
 
-class TensorParallelPlan(Rule):
+class TensorParallelPlan(ObservedRule):
     code = "HFC501"
     name = "tp-plan"
     impact = "parallel"
@@ -105,10 +105,9 @@ class TensorParallelPlan(Rule):
         "model_executor/models/transformers/utils.py::replace_linear_class",
     )
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return [self.inconclusive("no instance to read the plan from")]
+    without_instance = "no instance to read the plan from"
+
+    def check_observed(self, analysis, obs) -> list[Finding]:
         if obs.tp_plan:
             out = [self.passed(f"declared tp plan with {len(obs.tp_plan)} entries", plan="declared")]
             linears = [(n, mod) for n, mod in analysis.instance.model.named_modules() if isinstance(mod, nn.Linear)]
@@ -170,7 +169,7 @@ class TensorParallelSizes(Rule):
         return out
 
 
-class PipelineParallel(Rule):
+class PipelineParallel(ObservedRule):
     code = "HFC601"
     name = "pp-plan"
     impact = "parallel"
@@ -180,10 +179,9 @@ class PipelineParallel(Rule):
     fix = "Keep all decoder layers in one nn.ModuleList and declare `base_model_pp_plan` on the config class."
     vllm_source = ("model_executor/models/transformers/base.py::Base.pipeline_parallel",)
 
-    def check(self, analysis) -> list[Finding]:
-        obs = analysis.observations
-        if obs is None:
-            return [self.inconclusive("no instance to inspect")]
+    without_instance = "no instance to inspect"
+
+    def check_observed(self, analysis, obs) -> list[Finding]:
         if obs.pp_plan:
             return [self.passed(f"declared pp plan: {', '.join(obs.pp_plan)}", plan=list(obs.pp_plan))]
         lists = obs.decoder_module_lists
