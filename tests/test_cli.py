@@ -102,6 +102,15 @@ def test_folder_without_config(tmp_path):
     _assert_tool_error(hfcheck("scan", str(tmp_path / "empty"), tmp_path=tmp_path), "no config.json")
 
 
+@pytest.mark.parametrize("module", ["hfcheck.sweep", "hfcheck.tui"])
+def test_a_command_run_as_a_module_says_a_usage_error_in_one_line(tmp_path, module):
+    """``python -m hfcheck.sweep`` / ``hfcheck.tui`` parse as ``hfcheck sweep`` / ``tui`` do."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    run = subprocess.run([sys.executable, "-m", module, "--no-such-flag"], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == ["hfcheck: error: unrecognized arguments: --no-such-flag"]
+
+
 def test_unknown_model_type_without_auto_map(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "no_such_lm", "architectures": ["NoSuchLMForCausalLM"], "num_hidden_layers": 2}))

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from dataclasses import replace
 
-from hfcheck.shared.command import EXIT_CLEAN, Parser, fail, interrupted
+from hfcheck.shared.command import EXIT_CLEAN, fail, module_main
 from hfcheck.sweep.cli import add_hub_arguments, add_ray_argument
 
 DEFAULT_AUTHOR_LIMIT = 100
@@ -135,11 +134,4 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m hfcheck.tui``: the same command without the ``hfcheck`` front end."""
-    parser = Parser(prog="hfcheck")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    add_parser(sub)
-    args = parser.parse_args(["tui", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        return interrupted()
+    return module_main("tui", add_parser, run, argv)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -33,3 +34,17 @@ def interrupted() -> int:
     """Ctrl-C: one line instead of a traceback, and the shell's own code for it."""
     sys.stderr.write("hfcheck: interrupted\n")
     return EXIT_INTERRUPTED
+
+
+def module_main(command: str, add_parser: Callable[[Any], Any], run: Callable[[argparse.Namespace], int],
+                argv: list[str] | None = None) -> int:
+    """``python -m hfcheck.<command>``: the same command as ``hfcheck <command>``, with its parser,
+    its one-line usage errors and its exit codes, without the ``hfcheck`` front end."""
+    parser = Parser(prog="hfcheck")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    add_parser(sub)
+    args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return interrupted()
