@@ -43,7 +43,6 @@ from hfcheck.porter.rewrite.codemods import (
     TupleCache,
 )
 from hfcheck.porter.rewrite.codemods.attention import EAGER as PORT_EAGER
-from hfcheck.porter.rewrite.codemods.experts import EXPERTS as PORT_EXPERTS
 
 MODELING_FILE = "modeling_x.py"
 CONFIGURATION_FILE = "configuration_x.py"
@@ -1027,16 +1026,43 @@ class TinySparseMoeBlock(nn.Module):
 '''
 
 
+STACKED_EXPERTS = '''class TinyExperts(nn.Module):
+    """The experts of TinySparseMoeBlock, stacked (hfcheck port): gate_up_proj [E, 2I, H], down_proj [E, H, I],
+    called as experts(hidden_states, top_k_index, top_k_weights), the layout vLLM replaces with its
+    fused MoE kernel."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_experts = config.num_experts
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * config.intermediate_size, config.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, config.hidden_size, config.intermediate_size))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        final_hidden_states = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+            expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+        for expert_idx in expert_hit:
+            expert_idx = expert_idx[0]
+            top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[token_idx]
+            gate, up = torch.nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+            current_hidden_states = self.act_fn(gate) * up
+            current_hidden_states = torch.nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
+            current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+            final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+        return final_hidden_states
+'''
+
 class ExpertsLayoutTest(PortCodemodTest):
     TRANSFORM = ExpertsLayout
 
     def test_module_list_of_glu_experts_becomes_stacked_experts(self):
         """``moe_experts`` + its loop -> ``self.experts = TinyExperts(config)`` (the codemod's
         stacked class, gate_up_proj [E, 2I, H] / down_proj [E, H, I]) called with the routing."""
-        experts = PORT_EXPERTS.format(name="TinyExperts", block="TinySparseMoeBlock", config="config", num="config.num_experts",
-                                      inter="config.intermediate_size", hidden="config.hidden_size", act="ACT2FN[config.hidden_act]")
         self.assertPorts(modeling(mlp=join(EXPERT_MLP, LOOPED_MOE), layer=MOE_LAYER),
-                         modeling(mlp=join(EXPERT_MLP, experts, FUSED_MOE), layer=MOE_LAYER))
+                         modeling(mlp=join(EXPERT_MLP, STACKED_EXPERTS, FUSED_MOE), layer=MOE_LAYER))
 
     def test_experts_taking_weights_before_indices_get_the_v5_signature(self):
         after = SWAPPED_EXPERTS.replace(

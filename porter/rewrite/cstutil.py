@@ -10,8 +10,13 @@ from collections.abc import Callable, Iterable
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.helpers import parse_template_expression, parse_template_statement
 
 EMPTY = cst.Module([])
+
+Part = cst.CSTNode | str
+"""What fills a template's ``{placeholder}``: a node, or an expression's source (a name, or
+source text the analysis already holds, such as a plan's ``config.hidden_size``)."""
 
 
 def code(node: cst.CSTNode) -> str:
@@ -28,6 +33,22 @@ def stmts(src: str) -> list[cst.BaseStatement]:
 
 def expr(src: str) -> cst.BaseExpression:
     return cst.parse_expression(src)
+
+
+def _nodes(parts: dict[str, Part]) -> dict[str, cst.CSTNode]:
+    return {k: cst.parse_expression(v) if isinstance(v, str) else v for k, v in parts.items()}
+
+
+def template(src: str, **parts: Part) -> cst.BaseStatement:
+    """The statement ``src`` with each ``{name}`` filled by ``parts[name]`` as a node (LibCST's
+    ``parse_template_statement``): new code is written once as the code it is, and the values
+    go in as nodes rather than as text spliced into it."""
+    return parse_template_statement(src, **_nodes(parts))
+
+
+def template_expr(src: str, **parts: Part) -> cst.BaseExpression:
+    """The expression ``src`` with its ``{name}`` placeholders filled (``parse_template_expression``)."""
+    return parse_template_expression(src, **_nodes(parts))
 
 
 def dotted(node: cst.CSTNode | None) -> str | None:

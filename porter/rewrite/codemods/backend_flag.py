@@ -16,6 +16,9 @@ from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.porter.rewrite import cstutil as cu
 from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
 
+SET_BACKEND = cst.parse_statement("_supports_attention_backend = True\n")
+SET_SDPA = cst.parse_statement("_supports_sdpa = True\n")
+
 
 class BackendFlag(Codemod):
     name = "backend-flag"
@@ -55,11 +58,11 @@ class BackendFlag(Codemod):
                         done = True
                 if not done:
                     last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
-                    body.insert(last + 1, cu.stmt("_supports_attention_backend = True\n"))
+                    body.insert(last + 1, SET_BACKEND)
                 changed.append("set _supports_attention_backend = True")
                 if index.class_attr(root, "_supports_sdpa") is None and not state.sdpa_unsupported:  # sdpa is one more backend
                     last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
-                    body.insert(last + 1, cu.stmt("_supports_sdpa = True\n"))
+                    body.insert(last + 1, SET_SDPA)
                     changed.append("set _supports_sdpa = True")
             if changed:
                 save(state, root.file, cu.replace_top(module, cls, cu.with_body(cls, body)))

@@ -85,7 +85,7 @@ def add_init_assign(module: cst.Module, class_name: str, attr: str, value: str, 
 
     def edit_init(func: cst.FunctionDef) -> cst.FunctionDef:
         body = cu.body_of(func)
-        new = cu.stmt(f"self.{attr} = {value}\n")
+        new = cu.template("self.{attr} = {value}\n", attr=attr, value=value)
         if position == "start":
             at = 0
             for i, s in enumerate(body):

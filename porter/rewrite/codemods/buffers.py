@@ -23,6 +23,16 @@ from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
 WHY = ("from_pretrained in transformers 5 builds on the meta device and leaves a custom module's non-persistent buffers "
        "uninitialised (garbage positions); vLLM recomputes them the same way (init_buffers)")
 
+BRANCH = """if isinstance({param}, {classes}):  # non-persistent buffers computed in __init__ (hfcheck port)
+    fresh = type({param})({built_from})
+    with torch.no_grad():
+        for name, buffer in fresh.named_buffers(recurse=False):
+            getattr({param}, name).copy_(buffer)
+"""
+REMEMBER = "self._hfcheck_init_args = {call}  # to rebuild it after loading\n"
+INIT_WEIGHTS = cst.ensure_type(cst.parse_statement("def _init_weights(self, module):\n    super()._init_weights(module)\n"), cst.FunctionDef)
+NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+
 
 class BufferInit(Codemod):
     name = "buffers"
@@ -59,15 +69,15 @@ class BufferInit(Codemod):
         rootdef = cu.the_class(module, root.name)
         existing = cu.method(rootdef, "_init_weights")
         param = cu.param_names(existing)[1] if existing is not None and len(cu.param_names(existing)) > 1 else "module"
-        branches = _branch(param, ", ".join(sorted(targets)), next(iter(config_exprs))) if targets else ""
+        branches = [_branch(param, sorted(targets), cst.parse_expression(next(iter(config_exprs))))] if targets else []
         if recorded:
-            branches += _branch(param, ", ".join(sorted(recorded)), f"**{param}._hfcheck_init_args")
+            arguments = cu.template_expr("{param}._hfcheck_init_args", param=param)
+            branches.append(_branch(param, sorted(recorded), cst.Arg(arguments, star="**")))
         if existing is not None:
-            rootdef = cu.replace_in_body(rootdef, existing, cu.with_body(existing, cu.body_of(existing) + cu.stmts(branches)))
+            rootdef = cu.replace_in_body(rootdef, existing, cu.with_body(existing, cu.body_of(existing) + branches))
         else:
-            src = ("def _init_weights(self, module):\n    super()._init_weights(module)\n"
-                   + "".join(f"    {line}\n" for line in branches.splitlines()))
-            rootdef = cu.with_body(rootdef, cu.body_of(rootdef) + [cu.stmt(src).with_changes(leading_lines=[cst.EmptyLine()])])
+            init_weights = cu.with_body(INIT_WEIGHTS, cu.body_of(INIT_WEIGHTS) + branches).with_changes(leading_lines=[cst.EmptyLine()])
+            rootdef = cu.with_body(rootdef, cu.body_of(rootdef) + [init_weights])
         module = cu.replace_top(module, cu.top_class(module, root.name), rootdef)
         module = cu.ensure_import(module, "import torch\n", "torch")
         save(state, root.file, module)
@@ -82,19 +92,21 @@ def _remember_arguments(func: cst.FunctionDef) -> cst.FunctionDef:
     params = cu.param_names(func)[1:]
     body = cu.body_of(func)
     at = 1 if body and m.matches(body[0], cu.DOCSTRING) else 0
-    body.insert(at, cu.stmt(f"self._hfcheck_init_args = dict({', '.join(f'{p}={p}' for p in params)})  # to rebuild it after loading\n"))
+    body.insert(at, _remembered(params))
     return cu.with_body(func, body)
 
 
-def _branch(param: str, names: str, config_expr: str) -> str:
-    classes = f"({names},)" if "," not in names else f"({names})"
-    return (
-        f"if isinstance({param}, {classes}):  # non-persistent buffers computed in __init__ (hfcheck port)\n"
-        f"    fresh = type({param})({config_expr})\n"
-        f"    with torch.no_grad():\n"
-        f"        for name, buffer in fresh.named_buffers(recurse=False):\n"
-        f"            getattr({param}, name).copy_(buffer)\n"
-    )
+def _remembered(params: list[str]) -> cst.BaseStatement:
+    """``self._hfcheck_init_args = dict(a=a, ...)``: the arguments ``__init__`` was called with."""
+    arguments = [cst.Arg(cst.Name(p), keyword=cst.Name(p), equal=NO_SPACE) for p in params]
+    return cu.template(REMEMBER, call=cst.Call(cst.Name("dict"), arguments))
+
+
+def _branch(param: str, names: list[str], built_from: cst.BaseExpression | cst.Arg) -> cst.BaseStatement:
+    """The ``_init_weights`` branch that rebuilds the ``names`` modules ``built_from`` the config
+    (or their remembered arguments) and copies their non-persistent buffers."""
+    classes = cst.Tuple([cst.Element(cst.Name(n)) for n in names])
+    return cu.template(BRANCH, param=param, classes=classes, built_from=built_from)
 
 
 def _registers_transient_buffer(init: ast.FunctionDef) -> bool:

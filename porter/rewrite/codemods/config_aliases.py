@@ -50,7 +50,7 @@ class ConfigAliases(Codemod):
         if classdef is None:
             return
         body = cu.body_of(classdef)
-        line = cu.stmt(f"attribute_map = {mapping!r}\n")
+        line = cu.template("attribute_map = {mapping}\n", mapping=repr(mapping))
         at = next((i for i, s in enumerate(body) if _assigns(s, "attribute_map")), None)
         if at is not None:
             body[at] = cu.carry_leading(body[at], line)

@@ -30,12 +30,13 @@ from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
 
 WHY = "vLLM replaces exactly a child named `experts` (3-D gate_up_proj/down_proj, forward(hidden_states, top_k_index, top_k_weights)) with FusedMoE; otherwise the experts run unfused, one matmul per expert"
 
-EXPERTS = '''class {name}(nn.Module):
-    """The experts of {block}, stacked (hfcheck port): gate_up_proj [E, 2I, H], down_proj [E, H, I],
+EXPERTS_DOC = '''"""The experts of {block}, stacked (hfcheck port): gate_up_proj [E, 2I, H], down_proj [E, H, I],
     called as experts(hidden_states, top_k_index, top_k_weights), the layout vLLM replaces with its
-    fused MoE kernel."""
+    fused MoE kernel."""'''
+EXPERTS = '''class {name}(nn.Module):
+    {doc}
 
-    def __init__(self, {config}):
+    def __init__(self, {config_param}):
         super().__init__()
         self.num_experts = {num}
         self.gate_up_proj = nn.Parameter(torch.empty(self.num_experts, 2 * {inter}, {hidden}))
@@ -127,15 +128,16 @@ class ExpertsLayout(Codemod):
         init_body = cu.body_of(cu.method(blockdef, "__init__"))
         at = next((i for i, s in enumerate(init_body) if cu.self_assign_of(s)[0] == attr), None)
         block_config = ast.unparse(comp.elt.args[0]) if comp.elt.args else config_param
-        new_assign = cu.carry_leading(init_body[at], cu.stmt(f"self.experts = {name}({block_config})\n"))
+        new_assign = cu.carry_leading(init_body[at], cu.template("self.experts = {cls}({block_config})\n", cls=name, block_config=block_config))
         blockdef = cu.replace_in_body(blockdef, cu.method(blockdef, "__init__"), cu.with_body(cu.method(blockdef, "__init__"), init_body[:at] + [new_assign] + init_body[at + 1:]))
         blockdef = cu.replace_in_body(blockdef, cu.method(blockdef, "forward"), new_forward)
         if f"self.{attr}" in cu.code(blockdef).replace("self.experts", ""):
             raise Refused(f"{block.name} uses self.{attr} outside the expert loop")
         module = cu.replace_top(module, cu.top_class(module, block.name), blockdef)
-        src = EXPERTS.format(name=name, block=block.name, config=config_param, num=num_src.replace(block_config, config_param) if block_config != config_param else num_src,
-                             inter=inter, hidden=hidden, act=act_src)
-        module = cu.insert_before_class(module, block.name, [cu.stmt(src).with_changes(leading_lines=[])])
+        num = num_src.replace(block_config, config_param) if block_config != config_param else num_src
+        experts = cu.template(EXPERTS, name=name, doc=cst.SimpleString(EXPERTS_DOC.format(block=block.name)), config_param=config_param,
+                              num=num, inter=inter, hidden=hidden, act=act_src)
+        module = cu.insert_before_class(module, block.name, [experts.with_changes(leading_lines=[])])
         module = _blank_before(module, name)
         module = cu.ensure_import(module, "import torch\n", "torch")
         module = cu.ensure_import(module, "from torch import nn\n", "nn")
@@ -236,7 +238,8 @@ class ExpertsLayout(Codemod):
             if index_name is None:
                 raise Refused("cannot tell the expert indices from the routing weights in the loop")
             weights_name = next(r for r in routing if r != index_name)
-            new = cu.carry_leading(body[i - 1], cu.stmt(f"{out} = self.experts({x_src}, {index_name}, {weights_name})\n"))
+            new = cu.carry_leading(body[i - 1], cu.template("{out} = self.experts({x}, {index}, {weights})\n", out=out, x=x_src, index=index_name,
+                                                            weights=weights_name))
             return cu.with_body(forward, body[: i - 1] + [new] + body[i + 1:]), (x_src, index_name, weights_name)
         raise Refused(f"no `for` loop over self.{attr} in the block's forward")
 

@@ -88,16 +88,16 @@ class TupleCache(Codemod):
                 def add_first(func: cst.FunctionDef) -> cst.FunctionDef:
                     body = cu.body_of(func)
                     at = 1 if body and cu.code(body[0]).lstrip().startswith(('"""', "'''", 'r"""')) else 0
-                    body.insert(at, cu.stmt(f"past_key_values = {SHIM}(past_key_values)  # a transformers 5 Cache -> this code's tuples\n"))
+                    body.insert(at, cu.template("past_key_values = {shim}(past_key_values)  # a transformers 5 Cache -> this code's tuples\n", shim=SHIM))
                     kw = cu.star_kwargs(func)
                     if func.name.value == "prepare_inputs_for_generation" and kw and f'{kw}.get("position_ids"' in cu.code(func):
                         # 4.x's generate passed no position_ids; v5's (the prompt's, never cut) would override the ones this code derives
-                        body.insert(at + 1, cu.stmt(f'{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n'))
+                        body.insert(at + 1, cu.template('{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n', kw=kw))
                     return cu.with_body(func, body)
 
                 module = cu.edit_class(module, name, lambda c, m=method: cu.edit_method(c, m, add_first))
             if SHIM not in cu.bound_names(module):
-                fn = cu.stmt(SHIM_DEF.format(name=SHIM)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+                fn = cu.template(SHIM_DEF, name=SHIM).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
                 first = next(s.name.value for s in module.body if isinstance(s, cst.ClassDef))
                 module = cu.insert_before_class(module, first, [fn])
             save(state, file, module)

@@ -122,7 +122,7 @@ class SingleLayerList(Codemod):
                 if node.attr.value in constants:
                     replaced.append(f"{node.value.value}.{node.attr.value}")
                     value = constants[node.attr.value]
-                    return cu.expr(json.dumps(value) if isinstance(value, str) else repr(value))
+                    return cst.parse_expression(json.dumps(value) if isinstance(value, str) else repr(value))
                 refused.append(f"{node.value.value}.{node.attr.value}")
             return None
 

@@ -151,7 +151,7 @@ def _merge(cls: cst.ClassDef, attr: str, entries: dict[str, str]) -> cst.ClassDe
 
 def _append(d: cst.Dict, entries: dict[str, str]) -> cst.Dict:
     elements = list(d.elements)
-    new = [cst.DictElement(cst.SimpleString(f'"{k}"'), cu.expr(v)) for k, v in entries.items()]
+    new = [cst.DictElement(cst.SimpleString(f'"{k}"'), cst.parse_expression(v)) for k, v in entries.items()]
     if not elements:
         return d.with_changes(elements=[e.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for e in new[:-1]] + new[-1:])
     if len(elements) >= 2 and isinstance(elements[-2].comma, cst.Comma):

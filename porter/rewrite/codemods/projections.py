@@ -132,7 +132,7 @@ class ActivationModule(Codemod):
                     if short == "gelu" and any(a.keyword is not None for a in call.args):
                         continue
                     found.append(ACTIVATIONS[short])
-                    new_call = call.with_changes(func=cu.expr(f"self.{attr}"))
+                    new_call = call.with_changes(func=cst.Attribute(cst.Name("self"), cst.Name(attr)))
                     return node.with_changes(**{side: new_call})
                 return None
 

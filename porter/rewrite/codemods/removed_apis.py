@@ -36,6 +36,8 @@ from hfcheck.shared.packages import CUDA_ONLY
 MASK_HELPERS = {"_prepare_4d_causal_attention_mask", "_prepare_4d_causal_attention_mask_for_sdpa"}
 CACHE_PARAMS = ("past_key_values", "cache", "past_key_value", "layer_past")
 WHY_IMPORT = "the import fails on transformers >= 5.24 before any model exists (ImportError when transformers loads the code)"
+IMPORT_CAUSAL_MASK = cst.parse_statement("from transformers.masking_utils import create_causal_mask\n")
+IMPORT_LLAMA_ATTENTION = cst.parse_statement("from transformers.models.llama.modeling_llama import LlamaAttention\n")
 
 
 def _at_top_level(name: str) -> bool:
@@ -91,7 +93,7 @@ class RemovedApis(Codemod):
                 if label == "transformers.modeling_attn_mask_utils" and name in MASK_HELPERS and self._mask_calls_ok(module, local):
                     mask_locals.add(local)
                     if not any("create_causal_mask" in cu.code(r) for r in replacement):
-                        replacement.append(cu.stmt("from transformers.masking_utils import create_causal_mask\n"))
+                        replacement.append(IMPORT_CAUSAL_MASK)
                     state.change("HFC811", file, "imports", f"{mod}.{name} -> transformers.masking_utils.create_causal_mask", WHY_IMPORT)
                 elif label.endswith("is_torch_fx_available"):
                     fx_flags.add(local)
@@ -105,13 +107,13 @@ class RemovedApis(Codemod):
                         state.change("HFC811", file, "imports", "dropped the unused HybridCache import", WHY_IMPORT)
                 elif "FlashAttention2" in label or "SdpaAttention" in label:
                     renames[local] = "LlamaAttention"
-                    replacement.append(cu.stmt("from transformers.models.llama.modeling_llama import LlamaAttention\n"))
+                    replacement.append(IMPORT_LLAMA_ATTENTION)
                     state.change("HFC811", file, "imports", f"{name} -> LlamaAttention (dispatches through the attention interface)", WHY_IMPORT)
                 elif cu.count_name(module, local) == 0:
                     state.change("HFC811", file, "imports", f"dropped the unused import of {mod}.{name}", WHY_IMPORT)
                 elif name and _at_top_level(name):
-                    as_local = f" as {local}" if local != name else ""
-                    replacement.append(cu.stmt(f"from transformers import {name}{as_local}\n"))
+                    moved = cst.ImportAlias(cst.Name(name), asname=cst.AsName(cst.Name(local)) if local != name else None)
+                    replacement.append(cst.SimpleStatementLine([cst.ImportFrom(module=cst.Name("transformers"), names=[moved])]))
                     state.change("HFC811", file, "imports", f"{mod}.{name} -> transformers.{name} (it moved: the top level still exports it)", WHY_IMPORT)
                 else:
                     keep.append(alias)
@@ -160,7 +162,7 @@ class RemovedApis(Codemod):
                     args = [a.value for a in updated.args]
                     params = self.params[-1] if self.params else []
                     cache = next((p for p in CACHE_PARAMS if p in params), "None")
-                    return cu.expr(f"create_causal_mask(self.config, {cu.code(args[2])}, {cu.code(args[0])}, {cache})")
+                    return cu.template_expr("create_causal_mask(self.config, {embeds}, {mask}, {cache})", embeds=args[2], mask=args[0], cache=cache)
                 if isinstance(updated.func, cst.Attribute) and updated.func.attr.value == "wrap" and any(
                         isinstance(a.value, cst.Name) and a.value.value in locals_ for a in updated.args):
                     return updated  # inside an fx block that goes with is_torch_fx_available
@@ -181,7 +183,7 @@ class RemovedApis(Codemod):
                 attr = func.attr.value
                 if attr == "from_legacy_cache" and cu.dotted(func.value) == "DynamicCache":
                     done.append("DynamicCache.from_legacy_cache(x) -> DynamicCache(config=self.config)")
-                    return cu.expr("DynamicCache(config=self.config)")
+                    return cst.parse_expression("DynamicCache(config=self.config)")
                 if attr == "to_legacy_cache" and not updated.args:
                     done.append("cache.to_legacy_cache() -> the cache itself")
                     return func.value
@@ -230,11 +232,11 @@ class RemovedApis(Codemod):
             plain = s.with_changes(leading_lines=[])
             if top.startswith("flash_attn"):
                 need_flag = True
-                guard = cst.If(test=cu.expr("is_flash_attn_2_available()"), body=cst.IndentedBlock(body=[plain]))
+                guard = cst.If(test=cst.parse_expression("is_flash_attn_2_available()"), body=cst.IndentedBlock(body=[plain]))
                 how = "if is_flash_attn_2_available():"
             else:
                 guard = cst.Try(body=cst.IndentedBlock(body=[plain]),
-                                handlers=[cst.ExceptHandler(body=cst.IndentedBlock(body=[cu.stmt("pass\n")]), type=cst.Name("ImportError"))])
+                                handlers=[cst.ExceptHandler(body=cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])]), type=cst.Name("ImportError"))])
                 how = "try/except ImportError"
             out.append(guard.with_changes(leading_lines=s.leading_lines))
             state.change("HFC812", file, "imports", f"guarded `{cu.code(small).strip()}` with {how}",
@@ -285,7 +287,7 @@ class RemovedApis(Codemod):
                     return updated
                 done.append(f"`{cu.code(small).strip()}`")
                 plain = updated.with_changes(leading_lines=[])
-                raise_ = cu.stmt(f'raise ImportError("this method needs the {top} package: pip install {top}") from exc\n')
+                raise_ = cu.template("raise ImportError({message}) from exc\n", message=cst.SimpleString(f'"this method needs the {top} package: pip install {top}"'))
                 return cst.Try(body=cst.IndentedBlock(body=[plain]),
                                handlers=[cst.ExceptHandler(body=cst.IndentedBlock(body=[raise_]), type=cst.Name("ImportError"),
                                                            name=cst.AsName(name=cst.Name("exc")))],

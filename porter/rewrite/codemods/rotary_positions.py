@@ -18,6 +18,9 @@ import libcst as cst
 from hfcheck.porter.rewrite import cstutil as cu
 from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
 
+WIDE = "max({seq}, int(position_ids.max()) + 1) if position_ids is not None else {again}"
+"""The table's length, widened to the positions vLLM passes (``{seq}``: the code's own length)."""
+
 
 class RotaryPositions(Codemod):
     name = "rotary-positions"
@@ -46,7 +49,7 @@ class RotaryPositions(Codemod):
                         if seq is None or "position_ids" in cu.code(seq):
                             return None
                         changed.append(f"{owner}.forward")
-                        wide = cu.expr(f"max({cu.code(seq)}, int(position_ids.max()) + 1) if position_ids is not None else {cu.code(seq)}")
+                        wide = cu.template_expr(WIDE, seq=seq, again=seq.deep_clone())
                         return node.with_changes(args=[a.with_changes(value=wide) if a.keyword is not None and a.keyword.value == "seq_len"
                                                        else a for a in node.args])
 

@@ -59,7 +59,7 @@ class TiedWeights(Codemod):
         if classdef is None:
             return
         body = cu.body_of(classdef)
-        line = cu.stmt(f"{KEY} = {mapping!r}\n")
+        line = cu.template("{key} = {mapping}\n", key=KEY, mapping=repr(mapping))
         at = next((i for i, s in enumerate(body) if (cu.assign_of(s)[0] or []) == [KEY]), None)
         if at is not None:
             body[at] = cu.carry_leading(body[at], line)
