@@ -24,6 +24,9 @@ from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
 WHY = "vLLM shards q/k/v only as separate projections (qkv fusion) or a packed one read through .split((q, kv, kv)); .chunk(3) stays one replicated GEMM"
 
 
+PROJECTION = "self.{name} = {linear}({in_features}, {out_features}, bias={bias})\n"
+"""One of the three projections the packed one is cut into."""
+
 class PackedQKV(Codemod):
     name = "packed-qkv"
     codes = ("HFC813",)
@@ -94,14 +97,14 @@ class PackedQKV(Codemod):
             self._readable_split(state, info, module, cls, init_body, lin_at, third, body, chunk_at, packed)
             return
         bias_src = cu.code(bias) if bias is not None else "True"
-        new_init = [cu.carry_leading(init_body[lin_at], cu.stmt(f"self.{qn} = nn.Linear({cu.code(in_f)}, {third}, bias={bias_src})\n")),
-                    cu.stmt(f"self.{kn} = nn.Linear({cu.code(in_f)}, {third}, bias={bias_src})\n"),
-                    cu.stmt(f"self.{vn} = nn.Linear({cu.code(in_f)}, {third}, bias={bias_src})\n")]
-        if "nn" not in cu.bound_names(module) and cu.code(lin_call.func).startswith("torch.nn"):
-            new_init = [cu.stmt(cu.code(x).replace("nn.Linear", "torch.nn.Linear")) for x in new_init]
+        linear = "torch.nn.Linear" if "nn" not in cu.bound_names(module) and cu.code(lin_call.func).startswith("torch.nn") else "nn.Linear"
+        new_init = [cu.template(PROJECTION, name=n, linear=linear, in_features=in_f.deep_clone(), out_features=third, bias=bias_src)
+                    for n in (qn, kn, vn)]
+        new_init[0] = cu.carry_leading(init_body[lin_at], new_init[0])
         init = cu.with_body(init, init_body[:lin_at] + new_init + init_body[lin_at + 1:])
         q, k, v = outs
-        new_fwd = [cu.carry_leading(body[chunk_at], cu.stmt(f"{q} = self.{qn}({source})\n")), cu.stmt(f"{k} = self.{kn}({source})\n"), cu.stmt(f"{v} = self.{vn}({source})\n")]
+        new_fwd = [cu.template("{out} = self.{proj}({source})\n", out=o, proj=n, source=source) for o, n in ((q, qn), (k, kn), (v, vn))]
+        new_fwd[0] = cu.carry_leading(body[chunk_at], new_fwd[0])
         if proj_at is not None:
             new_fwd[0] = cu.carry_leading(body[proj_at], new_fwd[0])
         new_body = []
@@ -125,10 +128,11 @@ class PackedQKV(Codemod):
     def _readable_split(self, state, info, module, cls, init_body, lin_at, third, body, chunk_at, packed) -> None:
         targets, value = cu.assign_of(body[chunk_at])
         receiver, _ = _chunk3(value)
-        new_value = cu.expr(f"{cu.code(receiver)}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)")
+        new_value = cu.template_expr("{packed}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)", packed=receiver)
         small = cu.simple(body[chunk_at])
         body[chunk_at] = body[chunk_at].with_changes(body=[small.with_changes(value=new_value)])
-        init_body = init_body[:lin_at + 1] + [cu.stmt(f"self.q_size = {third}\n"), cu.stmt(f"self.kv_size = {third}\n")] + init_body[lin_at + 1:]
+        sizes = [cu.template("self.{attr} = {size}\n", attr=attr, size=third) for attr in ("q_size", "kv_size")]
+        init_body = init_body[:lin_at + 1] + sizes + init_body[lin_at + 1:]
         cls = cu.replace_in_body(cls, cu.method(cls, "__init__"), cu.with_body(cu.method(cls, "__init__"), init_body))
         cls = cu.replace_in_body(cls, cu.method(cls, "forward"), cu.with_body(cu.method(cls, "forward"), body))
         save(state, info.file, cu.replace_top(module, cu.top_class(module, info.name), cls))

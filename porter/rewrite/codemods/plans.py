@@ -142,11 +142,22 @@ def _merge(cls: cst.ClassDef, attr: str, entries: dict[str, str]) -> cst.ClassDe
                 body[i] = s.with_changes(body=[small.with_changes(value=_append(small.value, entries))])
                 return cu.with_body(cls, body)
             return cls
-    lines = "".join(f'    "{k}": {v},\n' for k, v in entries.items())
-    new = cu.stmt(f"{attr} = {{\n{lines}}}\n")
+    new = cu.template("{attr} = {plan}\n", attr=attr, plan=_one_entry_a_line(entries))
     last = max((i for i, s in enumerate(body) if isinstance(cu.simple(s), (cst.Assign, cst.AnnAssign)) or (i == 0 and isinstance(cu.simple(s), cst.Expr))), default=-1)
     body.insert(last + 1, new)
     return cu.with_body(cls, body)
+
+
+PLAN_SHAPE = cst.ensure_type(cst.parse_expression('{\n    "a": x,\n    "b": y,\n}'), cst.Dict)
+"""How a plan is written, one entry a line as transformers writes its plans: the commas between
+entries and after the last are taken from here."""
+
+
+def _one_entry_a_line(entries: dict[str, str]) -> cst.Dict:
+    first, last = PLAN_SHAPE.elements
+    elements = [cst.DictElement(cst.SimpleString(f'"{k}"'), cst.parse_expression(v), comma=first.comma) for k, v in entries.items()]
+    elements[-1] = elements[-1].with_changes(comma=last.comma)
+    return PLAN_SHAPE.with_changes(elements=elements)
 
 
 def _append(d: cst.Dict, entries: dict[str, str]) -> cst.Dict:
