@@ -10,14 +10,17 @@ from __future__ import annotations
 import ast
 
 import libcst as cst
-import libcst.matchers as m
 
 from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.porter.rewrite import cstutil as cu
-from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
-
-SET_BACKEND = cst.parse_statement("_supports_attention_backend = True\n")
-SET_SDPA = cst.parse_statement("_supports_sdpa = True\n")
+from hfcheck.porter.rewrite.codemods.base import (
+    Codemod,
+    after_last_attribute,
+    class_attribute_name,
+    parse,
+    save,
+    set_class_attribute,
+)
 
 
 class BackendFlag(Codemod):
@@ -36,48 +39,50 @@ class BackendFlag(Codemod):
             cls = cu.top_class(module, root.name)
             if cls is None:
                 continue
-            body = cu.body_of(cls)
             changed = []
-            # v4 name -> v5 name
-            has_v5 = any(_class_attr(s) == "_supports_flash_attn" for s in body)
-            for i, s in enumerate(body):
-                if _class_attr(s) == "_supports_flash_attn_2" and not has_v5:
-                    small = cu.simple(s)
-                    body[i] = s.with_changes(body=[small.with_changes(targets=[cst.AssignTarget(cst.Name("_supports_flash_attn"))])])
-                    changed.append("renamed _supports_flash_attn_2 (v4) to _supports_flash_attn")
+            names = [class_attribute_name(s) for s in cu.body_of(cls)]
+            if "_supports_flash_attn_2" in names and "_supports_flash_attn" not in names:  # v4 name -> v5 name
+                module = module.visit(RenameClassAttribute(root.name, "_supports_flash_attn_2", "_supports_flash_attn"))
+                changed.append("renamed _supports_flash_attn_2 (v4) to _supports_flash_attn")
             if current is not None and _src(current[1]) == "True":
                 pass
             elif not_dispatching:
                 state.refuse("HFC805", root.file, root.name, f"not set: {', '.join(not_dispatching)} still compute attention outside the interface")
             else:
-                done = False
-                for i, s in enumerate(body):
-                    if _class_attr(s) == "_supports_attention_backend":
-                        small = cu.simple(s)
-                        body[i] = s.with_changes(body=[small.with_changes(value=cst.Name("True"))])
-                        done = True
-                if not done:
-                    last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
-                    body.insert(last + 1, SET_BACKEND)
+                module = set_class_attribute(module, root.name, "_supports_attention_backend", cst.Name("True"), after_last_attribute)
                 changed.append("set _supports_attention_backend = True")
                 if index.class_attr(root, "_supports_sdpa") is None and not state.sdpa_unsupported:  # sdpa is one more backend
-                    last = max((i for i, s in enumerate(body) if _class_attr(s) is not None), default=-1)
-                    body.insert(last + 1, SET_SDPA)
+                    module = set_class_attribute(module, root.name, "_supports_sdpa", cst.Name("True"), after_last_attribute)
                     changed.append("set _supports_sdpa = True")
             if changed:
-                save(state, root.file, cu.replace_top(module, cls, cu.with_body(cls, body)))
+                save(state, root.file, module)
                 state.change("HFC805", root.file, root.name, "; ".join(changed),
                              "vLLM's gate is is_backend_compatible() (this flag); without it the class is refused as 'not compatible with vLLM'")
 
 
-def _class_attr(s) -> str | None:
-    """The name a class-body line ``name = ...`` or ``name: T = ...`` binds."""
-    small = cu.simple(s)
-    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
-        return small.targets[0].target.value
-    if m.matches(small, m.AnnAssign(target=m.Name())):
-        return small.target.value
-    return None
+class RenameClassAttribute(cst.CSTTransformer):
+    """``old = ...`` -> ``new = ...`` in the body of the top-level class ``cls`` (the value and the
+    line's comments stay)."""
+
+    def __init__(self, cls: str, old: str, new: str) -> None:
+        super().__init__()
+        self.cls, self.old, self.new = cls, old, new
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        if updated.name.value != self.cls:
+            return updated
+        body = [_renamed(s, self.old, self.new) for s in cu.body_of(updated)]
+        return cu.with_body(updated, body)
+
+
+def _renamed(s: cst.BaseStatement, old: str, new: str) -> cst.BaseStatement:
+    if class_attribute_name(s) != old:
+        return s
+    line = cst.ensure_type(s, cst.SimpleStatementLine)
+    small = line.body[0]
+    if isinstance(small, cst.Assign):
+        return line.with_changes(body=[small.with_changes(targets=[cst.AssignTarget(cst.Name(new))])])
+    return line.with_changes(body=[cst.ensure_type(small, cst.AnnAssign).with_changes(target=cst.Name(new))])
 
 
 def _src(node) -> str:

@@ -13,6 +13,7 @@ the module, with the other files and the config given to the constructor, become
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import libcst as cst
@@ -110,3 +111,67 @@ def init_param_of_config(func: cst.FunctionDef) -> str | None:
         if n in ("config", "cfg", "model_config"):
             return n
     return names[1] if len(names) > 1 else None
+
+
+def class_attribute_name(s: cst.CSTNode) -> str | None:
+    """The name a class-body line ``name = ...`` or ``name: T = ...`` binds."""
+    small = cu.simple(s)
+    if isinstance(small, cst.Assign) and m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())])):
+        return cst.ensure_type(small.targets[0].target, cst.Name).value
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+        return small.target.value
+    return None
+
+
+Placement = Callable[[Sequence[cst.BaseStatement]], int]
+"""Where in a class body a new line goes (its index), given the body."""
+
+
+class SetClassAttribute(m.MatcherDecoratableTransformer):
+    """``attr = value`` in the body of the top-level class ``cls``: the value of an existing
+    assignment is replaced (the line keeps its comments and annotation), else a new line goes
+    where ``place`` says. ``done`` tells whether the class was found."""
+
+    def __init__(self, cls: str, attr: str, value: cst.BaseExpression, place: Placement) -> None:
+        super().__init__()
+        self.cls, self.attr, self.value, self.place = cls, attr, value, place
+        self.done = False
+        self.depth = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.depth += 1
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.depth -= 1
+        if self.depth or updated.name.value != self.cls:
+            return updated
+        self.done = True
+        body = cu.body_of(updated)
+        for i, s in enumerate(body):
+            if class_attribute_name(s) == self.attr:
+                line = cst.ensure_type(s, cst.SimpleStatementLine)
+                small = line.body[0]
+                assert isinstance(small, (cst.Assign, cst.AnnAssign))  # class_attribute_name found one
+                body[i] = line.with_changes(body=[small.with_changes(value=self.value)])
+                return cu.with_body(updated, body)
+        line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(self.attr))], self.value)])
+        body.insert(self.place(body), line)
+        return cu.with_body(updated, body)
+
+
+def set_class_attribute(module: cst.Module, cls: str, attr: str, value: cst.BaseExpression, place: Placement) -> cst.Module:
+    """``module`` with ``cls.attr = value`` (``SetClassAttribute``)."""
+    return module.visit(SetClassAttribute(cls, attr, value, place))
+
+
+def after_docstring(body: Sequence[cst.BaseStatement]) -> int:
+    return 1 if body and m.matches(body[0], cu.DOCSTRING) else 0
+
+
+def after_last_attribute(body: Sequence[cst.BaseStatement]) -> int:
+    return max((i for i, s in enumerate(body) if class_attribute_name(s) is not None), default=-1) + 1
+
+
+def after_attribute(name: str) -> Placement:
+    """Right after the line that binds ``name`` (first in the body when there is none)."""
+    return lambda body: next((i for i, s in enumerate(body) if class_attribute_name(s) == name), -1) + 1

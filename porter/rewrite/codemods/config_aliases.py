@@ -14,8 +14,13 @@ import ast
 import libcst as cst
 
 from hfcheck.analyzer.terms.vocabulary import LAYER_FIELDS
-from hfcheck.porter.rewrite import cstutil as cu
-from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
+from hfcheck.porter.rewrite.codemods.base import (
+    Codemod,
+    SetClassAttribute,
+    after_attribute,
+    parse,
+    save,
+)
 
 CANONICAL = "num_hidden_layers"
 
@@ -45,24 +50,12 @@ class ConfigAliases(Codemod):
             if existing[0] is not cls:
                 mapping = dict(mapping)
         mapping[CANONICAL] = key
-        module = parse(state, cls.file)
-        classdef = cu.top_class(module, cls.name)
-        if classdef is None:
+        edit = SetClassAttribute(cls.name, "attribute_map", cst.parse_expression(repr(mapping)), after_attribute("model_type"))
+        module = parse(state, cls.file).visit(edit)
+        if not edit.done:
             return
-        body = cu.body_of(classdef)
-        line = cu.template("attribute_map = {mapping}\n", mapping=repr(mapping))
-        at = next((i for i, s in enumerate(body) if _assigns(s, "attribute_map")), None)
-        if at is not None:
-            body[at] = cu.carry_leading(body[at], line)
-        else:
-            at = next((i for i, s in enumerate(body) if _assigns(s, "model_type")), -1) + 1
-            body.insert(at, line)
-        save(state, cls.file, cu.replace_top(module, classdef, cu.with_body(classdef, body)))
+        save(state, cls.file, module)
         state.change("v5", cls.file, cls.name, f"attribute_map maps num_hidden_layers to {key}",
                      "transformers 5 reads config.num_hidden_layers (generate sizes its cache from it); this config stores the count as "
                      f"{key}")
 
-
-def _assigns(s: cst.CSTNode, name: str) -> bool:
-    targets, _ = cu.assign_of(s)
-    return bool(targets) and targets == [name]

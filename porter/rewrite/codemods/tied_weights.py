@@ -14,8 +14,15 @@ from __future__ import annotations
 
 import ast
 
-from hfcheck.porter.rewrite import cstutil as cu
-from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
+import libcst as cst
+
+from hfcheck.porter.rewrite.codemods.base import (
+    Codemod,
+    SetClassAttribute,
+    after_docstring,
+    parse,
+    save,
+)
 
 KEY = "_tied_weights_keys"
 
@@ -54,19 +61,11 @@ class TiedWeights(Codemod):
                 return
             if isinstance(current, dict) and all(current.get(k) == v for k, v in mapping.items()):
                 return
-        module = parse(state, info.file)
-        classdef = cu.top_class(module, cls_name)
-        if classdef is None:
+        edit = SetClassAttribute(cls_name, KEY, cst.parse_expression(repr(mapping)), after_docstring)
+        module = parse(state, info.file).visit(edit)
+        if not edit.done:
             return
-        body = cu.body_of(classdef)
-        line = cu.template("{key} = {mapping}\n", key=KEY, mapping=repr(mapping))
-        at = next((i for i, s in enumerate(body) if (cu.assign_of(s)[0] or []) == [KEY]), None)
-        if at is not None:
-            body[at] = cu.carry_leading(body[at], line)
-        else:
-            at = 1 if body and cu.code(body[0]).lstrip().startswith(('"""', "'''", '"', "'")) else 0
-            body.insert(at, line)
-        save(state, info.file, cu.replace_top(module, classdef, cu.with_body(classdef, body)))
+        save(state, info.file, module)
         state.change("v5", info.file, cls_name, f"{KEY} = {mapping!r} (shared in the original's own run)",
                      "transformers 5 ties only what _tied_weights_keys maps; without it the output head is a separate, uninitialised "
                      "parameter when the checkpoint stores the tied matrix once")
