@@ -404,7 +404,14 @@ def bound_names(module: cst.Module) -> set[str]:
 
 def ensure_import(module: cst.Module, line: str, binds: str) -> cst.Module:
     """Add ``line`` to the file's first block of imports (after its last absolute import)
-    unless ``binds`` is already bound."""
+    unless ``binds`` is already bound.
+
+    Not LibCST's ``AddImportsVisitor``: it appends after the last import of the top block, so in
+    the usual remote-code header (``import torch`` ... then ``from .configuration_x import
+    XConfig``) a transformers import would land below the package's own relative imports, and it
+    merges into an existing ``from x import ...`` line; the port keeps PEP 8's groups (third party
+    before local) and leaves the author's lines as they were (measured: 4 of the codemod tests'
+    expected files differ with it)."""
     if binds in bound_names(module):
         return module
     new = stmt(line)
