@@ -265,18 +265,64 @@ def replace_in_body(node, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]
     return with_body(node, body)
 
 
+class _Scoped(cst.CSTTransformer):
+    """Counts the classes and functions a node stands in, so an edit can select a top-level
+    class, or a method of the class it is run on, and nothing nested of the same name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classes = 0
+        self.functions = 0
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes += 1
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.functions += 1
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions -= 1
+        return updated
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes -= 1
+        return updated
+
+
+class EditClass(_Scoped):
+    """The top-level class ``name`` replaced by ``fn(class)``."""
+
+    def __init__(self, name: str, fn: Callable[[cst.ClassDef], cst.ClassDef]) -> None:
+        super().__init__()
+        self.name, self.fn = name, fn
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        self.classes -= 1
+        if self.classes == 0 and self.functions == 0 and m.matches(updated, m.ClassDef(name=m.Name(self.name))):
+            return self.fn(updated)
+        return updated
+
+
+class EditMethod(_Scoped):
+    """Run on a class: its method ``name`` replaced by ``fn(method)``."""
+
+    def __init__(self, name: str, fn: Callable[[cst.FunctionDef], cst.FunctionDef]) -> None:
+        super().__init__()
+        self.name, self.fn = name, fn
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        self.functions -= 1
+        if self.classes == 1 and self.functions == 0 and m.matches(updated, m.FunctionDef(name=m.Name(self.name))):
+            return self.fn(updated)
+        return updated
+
+
 def edit_class(module: cst.Module, name: str, fn: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
-    cls = top_class(module, name)
-    if cls is None:
-        return module
-    return replace_top(module, cls, fn(cls))
+    return module.visit(EditClass(name, fn))
 
 
 def edit_method(cls: cst.ClassDef, name: str, fn: Callable[[cst.FunctionDef], cst.FunctionDef]) -> cst.ClassDef:
-    found = method(cls, name)
-    if found is None:
-        return cls
-    return replace_in_body(cls, found, fn(found))
+    return cst.ensure_type(cls.visit(EditMethod(name, fn)), cst.ClassDef)
 
 
 # ------------------------------------------------------------------ signatures
