@@ -7,6 +7,7 @@ block, keeping the comments above a replaced statement, a parameter added after 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
@@ -35,7 +36,9 @@ def expr(src: str) -> cst.BaseExpression:
     return cst.parse_expression(src)
 
 
-def _nodes(parts: dict[str, Part]) -> dict[str, cst.CSTNode]:
+def _nodes(parts: dict[str, Part]) -> dict[str, Any]:
+    """The parts as nodes; typed Any because LibCST's template functions type their keyword
+    arguments as the union of the node kinds a placeholder may stand for."""
     return {k: cst.parse_expression(v) if isinstance(v, str) else v for k, v in parts.items()}
 
 
@@ -78,7 +81,7 @@ def short(name: str) -> str:
     return name.rpartition(".")[2]
 
 
-def self_attr(attr: str | m.BaseMatcherNode | None = None) -> m.Attribute:
+def self_attr(attr: str | m.MatchIfTrue[str] | None = None) -> m.Attribute:
     """The matcher of ``self.<attr>`` (any attribute of ``self`` when ``attr`` is None; a
     matcher of the attribute's name string, e.g. ``m.MatchIfTrue``, where one name is not enough)."""
     if attr is None:
@@ -132,7 +135,7 @@ def count_name(node: cst.CSTNode, name: str) -> int:
 
 def find_calls(node: cst.CSTNode, predicate: Callable[[cst.Call], bool]) -> list[cst.Call]:
     """Every call under ``node`` (outer before inner) for which ``predicate`` holds."""
-    return list(m.findall(node, m.Call() & m.MatchIfTrue(predicate)))
+    return [cst.ensure_type(c, cst.Call) for c in m.findall(node, m.Call() & m.MatchIfTrue(predicate))]
 
 
 def replace_nodes(node: cst.CSTNode, mapping: Callable[[cst.CSTNode], cst.CSTNode | None]):
@@ -151,7 +154,7 @@ def replace_nodes(node: cst.CSTNode, mapping: Callable[[cst.CSTNode], cst.CSTNod
 
 def simple(s: cst.CSTNode) -> cst.BaseSmallStatement | None:
     """The single small statement of a one-statement line, else None."""
-    return s.body[0] if m.matches(s, m.SimpleStatementLine(body=[m.DoNotCare()])) else None
+    return s.body[0] if isinstance(s, cst.SimpleStatementLine) and len(s.body) == 1 else None
 
 
 def assign_of(s: cst.CSTNode) -> tuple[list[str] | None, cst.BaseExpression | None]:
@@ -161,25 +164,30 @@ def assign_of(s: cst.CSTNode) -> tuple[list[str] | None, cst.BaseExpression | No
         target = small.targets[0].target
         if isinstance(target, cst.Name):
             return [target.value], small.value
-        if isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e.value, cst.Name) for e in target.elements):
-            return [e.value.value for e in target.elements], small.value
+        names = [e.value for e in target.elements] if isinstance(target, (cst.Tuple, cst.List)) else []
+        if names and all(isinstance(n, cst.Name) for n in names):
+            return [cst.ensure_type(n, cst.Name).value for n in names], small.value
         return None, small.value
     return None, None
 
 
 def self_assign_of(s: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]:
     small = simple(s)
-    if m.matches(small, m.Assign(targets=[m.AssignTarget(target=self_attr())])):
-        return small.targets[0].target.attr.value, small.value
+    if isinstance(small, cst.Assign) and m.matches(small, m.Assign(targets=[m.AssignTarget(target=self_attr())])):
+        return cst.ensure_type(small.targets[0].target, cst.Attribute).attr.value, small.value
     return None, None
 
 
-def body_of(node: cst.FunctionDef | cst.ClassDef | cst.If | cst.For) -> list[cst.BaseStatement]:
+Block = TypeVar("Block", cst.FunctionDef, cst.ClassDef, cst.If, cst.For, cst.While, cst.With, cst.Try)
+"""A statement with an indented block of its own."""
+
+
+def body_of(node: cst.FunctionDef | cst.ClassDef | cst.If | cst.For | cst.While | cst.With | cst.Try) -> list[cst.BaseStatement]:
     body = node.body
     return list(body.body) if isinstance(body, cst.IndentedBlock) else []
 
 
-def with_body(node, new_body: Iterable[cst.BaseStatement]):
+def with_body(node: Block, new_body: Iterable[cst.BaseStatement]) -> Block:
     return node.with_changes(body=node.body.with_changes(body=list(new_body)))
 
 
@@ -215,14 +223,14 @@ def replace_lines(func: cst.FunctionDef, start: int, end: int, new: list[cst.Bas
 
 def _blocks(node: cst.CSTNode) -> list[cst.IndentedBlock]:
     """Every indented block under ``node``, outermost first."""
-    return list(m.findall(node, m.IndentedBlock()))
+    return [cst.ensure_type(b, cst.IndentedBlock) for b in m.findall(node, m.IndentedBlock())]
 
 
 # ------------------------------------------------------------------ classes and methods
 
 
 def top_class(module: cst.Module, name: str) -> cst.ClassDef | None:
-    return next((s for s in module.body if m.matches(s, m.ClassDef(name=m.Name(name)))), None)
+    return next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None)
 
 
 def the_class(module: cst.Module, name: str) -> cst.ClassDef:
@@ -233,8 +241,8 @@ def the_class(module: cst.Module, name: str) -> cst.ClassDef:
     return found
 
 
-def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]) -> cst.Module:
-    body = []
+def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.BaseStatement | list[cst.BaseStatement]) -> cst.Module:
+    body: list[cst.BaseStatement] = []
     for s in module.body:
         if s is old:
             body.extend(new if isinstance(new, list) else [new])
@@ -244,7 +252,7 @@ def replace_top(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode | list[cs
 
 
 def method(cls: cst.ClassDef, name: str) -> cst.FunctionDef | None:
-    return next((s for s in body_of(cls) if m.matches(s, m.FunctionDef(name=m.Name(name)))), None)
+    return next((s for s in body_of(cls) if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
 
 
 def the_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef:
@@ -255,8 +263,8 @@ def the_method(cls: cst.ClassDef, name: str) -> cst.FunctionDef:
     return found
 
 
-def replace_in_body(node, old: cst.CSTNode, new: cst.CSTNode | list[cst.CSTNode]):
-    body = []
+def replace_in_body(node: Block, old: cst.CSTNode, new: cst.BaseStatement | list[cst.BaseStatement]) -> Block:
+    body: list[cst.BaseStatement] = []
     for s in body_of(node):
         if s is old:
             body.extend(new if isinstance(new, list) else [new])
@@ -460,17 +468,21 @@ def ensure_import(module: cst.Module, line: str, binds: str) -> cst.Module:
     expected files differ with it)."""
     if binds in bound_names(module):
         return module
-    new = stmt(line)
+    new = cst.parse_statement(line)
     body = list(module.body)
     i = 1 if body and _is_docstring(body[0]) else 0
     start = i
     while i < len(body) and _is_import_line(body[i]):
         i += 1
     block = range(start, i)
-    absolute = [j for j in block if not (isinstance(simple(body[j]), cst.ImportFrom) and simple(body[j]).relative)]
+    absolute = [j for j in block if not _relative(simple(body[j]))]
     at = absolute[-1] + 1 if absolute else i
     body.insert(at, new)
     return module.with_changes(body=body)
+
+
+def _relative(small: cst.BaseSmallStatement | None) -> bool:
+    return isinstance(small, cst.ImportFrom) and bool(small.relative)
 
 
 DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])

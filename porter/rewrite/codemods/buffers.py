@@ -78,7 +78,7 @@ class BufferInit(Codemod):
         else:
             init_weights = cu.with_body(INIT_WEIGHTS, cu.body_of(INIT_WEIGHTS) + branches).with_changes(leading_lines=[cst.EmptyLine()])
             rootdef = cu.with_body(rootdef, cu.body_of(rootdef) + [init_weights])
-        module = cu.replace_top(module, cu.top_class(module, root.name), rootdef)
+        module = cu.replace_top(module, cu.the_class(module, root.name), rootdef)
         module = cu.ensure_import(module, "import torch\n", "torch")
         save(state, root.file, module)
         names = ", ".join(sorted(targets) + sorted(recorded))

@@ -30,7 +30,7 @@ class _DropCuda(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         if m.matches(updated, CUDA_CALL):
             self.lines.append(self.get_metadata(PositionProvider, original).start.line)
-            return updated.func.value  # type: ignore[union-attr]
+            return cst.ensure_type(updated.func, cst.Attribute).value  # CUDA_CALL: x.cuda()
         return updated
 
 

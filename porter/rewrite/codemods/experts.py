@@ -125,15 +125,15 @@ class ExpertsLayout(Codemod):
         existing = cu.bound_names(module) | {c.name for c in index.classes}
         prefix = re.sub(r"(Expert|MLP|Mlp|FFN|Ffn)+$", "", expert.name) or block.name
         name = next(n for n in (f"{prefix}Experts", f"{prefix}StackedExperts", f"{block.name}Experts", f"{block.name}StackedExperts") if n not in existing)
-        init_body = cu.body_of(cu.method(blockdef, "__init__"))
-        at = next((i for i, s in enumerate(init_body) if cu.self_assign_of(s)[0] == attr), None)
+        init_body = cu.body_of(cu.the_method(blockdef, "__init__"))
+        at = next(i for i, s in enumerate(init_body) if cu.self_assign_of(s)[0] == attr)  # the index found it in __init__
         block_config = ast.unparse(comp.elt.args[0]) if comp.elt.args else config_param
         new_assign = cu.carry_leading(init_body[at], cu.template("self.experts = {cls}({block_config})\n", cls=name, block_config=block_config))
-        blockdef = cu.replace_in_body(blockdef, cu.method(blockdef, "__init__"), cu.with_body(cu.method(blockdef, "__init__"), init_body[:at] + [new_assign] + init_body[at + 1:]))
-        blockdef = cu.replace_in_body(blockdef, cu.method(blockdef, "forward"), new_forward)
+        blockdef = cu.replace_in_body(blockdef, cu.the_method(blockdef, "__init__"), cu.with_body(cu.the_method(blockdef, "__init__"), init_body[:at] + [new_assign] + init_body[at + 1:]))
+        blockdef = cu.replace_in_body(blockdef, cu.the_method(blockdef, "forward"), new_forward)
         if f"self.{attr}" in cu.code(blockdef).replace("self.experts", ""):
             raise Refused(f"{block.name} uses self.{attr} outside the expert loop")
-        module = cu.replace_top(module, cu.top_class(module, block.name), blockdef)
+        module = cu.replace_top(module, cu.the_class(module, block.name), blockdef)
         num = num_src.replace(block_config, config_param) if block_config != config_param else num_src
         experts = cu.template(EXPERTS, name=name, doc=cst.SimpleString(EXPERTS_DOC.format(block=block.name)), config_param=config_param,
                               num=num, inter=inter, hidden=hidden, act=act_src)
@@ -214,7 +214,7 @@ class ExpertsLayout(Codemod):
             if i == 0:
                 break
             targets, init_value = cu.assign_of(body[i - 1])
-            if not (targets and len(targets) == 1 and m.matches(init_value, m.Call()) and cu.short(cu.call_name(init_value)) in ("zeros_like", "zeros")):
+            if not (targets and len(targets) == 1 and isinstance(init_value, cst.Call) and cu.short(cu.call_name(init_value)) in ("zeros_like", "zeros")):
                 raise Refused("the expert loop is not preceded by `out = torch.zeros_like(x)`")
             out = targets[0]
             loop_vars = cu.names_in(s.target)
@@ -273,11 +273,11 @@ class ExpertsLayout(Codemod):
         if {"top_k_index", "top_k_weights"} & (cu.names_in(func) - {weights, indices}):
             state.refuse("HFC808", cls.file, f"{experts_name}.forward", "cannot rename the routing arguments: top_k_index/top_k_weights are already used")
             return
-        func = func.visit(_Rename({weights: "top_k_weights", indices: "top_k_index"}))
+        func = cst.ensure_type(func.visit(_Rename({weights: "top_k_weights", indices: "top_k_index"})), cst.FunctionDef)
         plist = list(func.params.params)
         plist[2], plist[3] = plist[3].with_changes(comma=plist[2].comma), plist[2].with_changes(comma=plist[3].comma)
         func = func.with_changes(params=func.params.with_changes(params=plist))
-        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, cu.method(classdef, "forward"), func))
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, cu.the_method(classdef, "forward"), func))
         save(state, cls.file, module)
         state.change("HFC808", cls.file, f"{experts_name}.forward", f"({', '.join(params[:3])}) -> ({params[0]}, top_k_index, top_k_weights)", WHY)
         # callers: self.experts(a, weights, indices) -> self.experts(a, indices, weights)
@@ -324,7 +324,7 @@ class _Rename(cst.CSTTransformer):
 
 def _comparisons(node) -> list[cst.Comparison]:
     """Every ``a == b`` under ``node`` (where an expert loop selects its tokens)."""
-    return list(m.findall(node, m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Equal())])))
+    return [cst.ensure_type(c, cst.Comparison) for c in m.findall(node, m.Comparison(comparisons=[m.ComparisonTarget(operator=m.Equal())]))]
 
 
 def _blank_before(module: cst.Module, name: str) -> cst.Module:

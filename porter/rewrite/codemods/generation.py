@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import partial
 
 import libcst as cst
 
@@ -95,7 +96,7 @@ class TupleCache(Codemod):
                         body.insert(at + 1, cu.template('{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n', kw=kw))
                     return cu.with_body(func, body)
 
-                module = cu.edit_class(module, name, lambda c, m=method: cu.edit_method(c, m, add_first))
+                module = cu.edit_class(module, name, partial(cu.edit_method, name=method, fn=add_first))
             if SHIM not in cu.bound_names(module):
                 fn = cu.template(SHIM_DEF, name=SHIM).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
                 first = next(s.name.value for s in module.body if isinstance(s, cst.ClassDef))

@@ -8,6 +8,8 @@ layer's ``self.self_attn(...)`` and the attention's call of the bound interface 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -28,7 +30,7 @@ class KwargsPropagation(Codemod):
 
     def apply(self, state) -> None:
         index, roles = state.roles()
-        hops: list[tuple[str, str, callable]] = []  # (class, file, predicate on calls inside forward)
+        hops: list[tuple[str, str, Callable[[cst.Call], bool]]] = []  # (class, file, predicate on calls inside forward)
         list_attrs = {a for a, _, _ in roles.layer_lists}
         attn_attrs = {attr for _, (c, attr) in roles.attention.items() if attr}
         if roles.base_model is not None:
@@ -51,7 +53,7 @@ class KwargsPropagation(Codemod):
             owner = index.method(cls, "forward")
             if owner is not None:
                 names = set(dispatch_names(owner[1]))
-                hops.append((owner[0].name, owner[0].file, lambda c, names=names: isinstance(c.func, cst.Name) and c.func.value in names))
+                hops.append((owner[0].name, owner[0].file, _name_call(names)))
         seen = set()
         for class_name, file, predicate in hops:
             if (class_name, file) in seen:
@@ -89,6 +91,11 @@ class KwargsPropagation(Codemod):
         state.change("HFC804", file, f"{class_name}.forward", "; ".join(what), WHY)
 
 
+
+def _name_call(names: set[str]) -> Callable[[cst.Call], bool]:
+    """A call of one of ``names`` by its bare name (the attention function the forward dispatches to)."""
+    return lambda c: isinstance(c.func, cst.Name) and c.func.value in names
+
 def _self_call(attrs: set[str]):
     return lambda c: any(cu.is_self_attr(c.func, a) for a in attrs)
 
@@ -100,7 +107,7 @@ def _layer_call(list_attrs: set[str], forward_ast, sequential: frozenset[str] = 
 
     loop_names = layer_loop_names(forward_ast, list_attrs)
 
-    def one_of(names: set[str] | frozenset[str]) -> m.BaseMatcherNode:
+    def one_of(names: set[str] | frozenset[str]) -> m.MatchIfTrue[str]:
         return m.MatchIfTrue(lambda name: name in names)
 
     loop_call = m.Call(func=m.Name(one_of(loop_names)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from hfcheck.analyzer.remote.index import ClassInfo
 from hfcheck.porter.rewrite import cstutil as cu
 from hfcheck.porter.rewrite.codemods.base import (
     Codemod,
@@ -30,7 +31,7 @@ class LayerIndex(Codemod):
 
     def apply(self, state) -> None:
         index, roles = state.roles()
-        owners = []
+        owners: list[ClassInfo] = []
         for _, (cls, _) in roles.attention.items():
             if assigned(index, cls, "layer_idx"):
                 continue
@@ -48,7 +49,7 @@ class LayerIndex(Codemod):
         if cls is None or depth > 3:
             return
         module = parse(state, cls.file)
-        init = cu.the_method(cu.top_class(module, class_name), "__init__")
+        init = cu.the_method(cu.the_class(module, class_name), "__init__")
         if "layer_idx" not in cu.param_names(init):
             module = cu.edit_class(module, class_name, lambda c: cu.edit_method(c, "__init__", lambda f: cu.add_param(f, "layer_idx", "None")))
         if store:

@@ -79,8 +79,8 @@ class SingleLayerList(Codemod):
             raise ValueError(f"the forward uses self.{extra} outside its loop")
         fbody = fbody[: loops[0]] + fbody[loops[0] + 1:]
         cls = cu.replace_in_body(cls, init, cu.with_body(init, body))
-        cls = cu.replace_in_body(cls, cu.method(cls, "forward"), cu.with_body(forward, fbody))
-        save(state, base.file, cu.replace_top(module, cu.top_class(module, base.name), cls))
+        cls = cu.replace_in_body(cls, cu.the_method(cls, "forward"), cu.with_body(forward, fbody))
+        save(state, base.file, cu.replace_top(module, cu.the_class(module, base.name), cls))
         state.config_edits.append({"op": "merge_layer_count", "layers_field": main_count, "count_field": extra_count,
                                    "default": state.config_value(extra_count, 0)})
         state.weight_rules.append({"kind": "offset_index", "pattern": rf"^(?P<pre>(?:.*\.)?){re.escape(extra)}\.(?P<i>\d+)\.(?P<rest>.*)$",
@@ -127,13 +127,13 @@ class SingleLayerList(Codemod):
             return None
 
         folded: list[str] = []
-        new_forward = forward.visit(_SwapAndFold(swap, folded))
+        new_forward = cst.ensure_type(forward.visit(_SwapAndFold(swap, folded)), cst.FunctionDef)
         for r in dict.fromkeys(refused):
             state.refuse("HFC810", base.file, f"{base.name}.forward", f"reads {r}, which is not a constant of the layer class: read it from the config (self.config.layer_types[i])")
         if not replaced:
             return
         cls = cu.replace_in_body(cls, forward, new_forward)
-        save(state, base.file, cu.replace_top(module, cu.top_class(module, base.name), cls))
+        save(state, base.file, cu.replace_top(module, cu.the_class(module, base.name), cls))
         what = f"replaced {', '.join(dict.fromkeys(replaced))} with the constant every layer sets"
         if folded:
             what += f"; removed the check that can never fire ({'; '.join(folded)})"

@@ -56,7 +56,7 @@ class PackedQKV(Codemod):
             raise ValueError("the class does not define both __init__ and forward")
         init_body = cu.body_of(init)
         lin_at, lin_call = next(((i, v) for i, s in enumerate(init_body) for a, v in [cu.self_assign_of(s)] if a == packed and isinstance(v, cst.Call)), (None, None))
-        if lin_call is None:
+        if lin_call is None or lin_at is None:
             raise ValueError(f"self.{packed} is not assigned in __init__ as one statement")
         in_f, out_f, bias = cu.arg(lin_call, 0, "in_features"), cu.arg(lin_call, 1, "out_features"), cu.arg(lin_call, 2, "bias")
         if in_f is None or out_f is None:
@@ -70,7 +70,7 @@ class PackedQKV(Codemod):
             targets, value = cu.assign_of(s)
             if value is None:
                 continue
-            if proj_at is None and m.matches(value, m.Call(func=cu.self_attr(packed))) and targets and len(targets) == 1:
+            if proj_at is None and isinstance(value, cst.Call) and m.matches(value, m.Call(func=cu.self_attr(packed))) and targets and len(targets) == 1:
                 proj_at, packed_name = i, targets[0]
                 source = cu.code(value.args[0].value) if len(value.args) == 1 and value.args[0].keyword is None else None
                 continue
@@ -93,7 +93,7 @@ class PackedQKV(Codemod):
         qn, kn, vn = ("q_proj", "k_proj", "v_proj") if not taken & {"q_proj", "k_proj", "v_proj"} else ("query_proj", "key_proj", "value_proj")
         temp_reused = packed_name is not None and proj_at is not None and sum(cu.count_name(s, packed_name) for s in body) != 2
         source_ok = source is not None and not _reassigned(body, proj_at if proj_at is not None else chunk_at, chunk_at, source)
-        if temp_reused or not source_ok:
+        if temp_reused or source is None or not source_ok:
             self._readable_split(state, info, module, cls, init_body, lin_at, third, body, chunk_at, packed)
             return
         bias_src = cu.code(bias) if bias is not None else "True"
@@ -114,9 +114,9 @@ class PackedQKV(Codemod):
             elif i != proj_at:
                 new_body.append(s)
         forward = cu.with_body(forward, new_body)
-        cls = cu.replace_in_body(cls, cu.method(cls, "__init__"), init)
-        cls = cu.replace_in_body(cls, cu.method(cls, "forward"), forward)
-        save(state, info.file, cu.replace_top(module, cu.top_class(module, info.name), cls))
+        cls = cu.replace_in_body(cls, cu.the_method(cls, "__init__"), init)
+        cls = cu.replace_in_body(cls, cu.the_method(cls, "forward"), forward)
+        save(state, info.file, cu.replace_top(module, cu.the_class(module, info.name), cls))
         prefix = rf"(?:^|.*\.){re.escape(attn_attr)}\." if attn_attr else r"(?:^|.*\.)"
         state.weight_rules.append({
             "kind": "chunk_rows", "pattern": rf"^(?P<pre>{prefix}){re.escape(packed)}\.(?P<kind>weight|bias)$",
@@ -129,13 +129,13 @@ class PackedQKV(Codemod):
         targets, value = cu.assign_of(body[chunk_at])
         receiver, _ = _chunk3(value)
         new_value = cu.template_expr("{packed}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)", packed=receiver)
-        small = cu.simple(body[chunk_at])
-        body[chunk_at] = body[chunk_at].with_changes(body=[small.with_changes(value=new_value)])
+        line = cst.ensure_type(body[chunk_at], cst.SimpleStatementLine)  # found by assign_of: `q, k, v = ....chunk(3)`
+        body[chunk_at] = line.with_changes(body=[cst.ensure_type(line.body[0], cst.Assign).with_changes(value=new_value)])
         sizes = [cu.template("self.{attr} = {size}\n", attr=attr, size=third) for attr in ("q_size", "kv_size")]
         init_body = init_body[:lin_at + 1] + sizes + init_body[lin_at + 1:]
-        cls = cu.replace_in_body(cls, cu.method(cls, "__init__"), cu.with_body(cu.method(cls, "__init__"), init_body))
-        cls = cu.replace_in_body(cls, cu.method(cls, "forward"), cu.with_body(cu.method(cls, "forward"), body))
-        save(state, info.file, cu.replace_top(module, cu.top_class(module, info.name), cls))
+        cls = cu.replace_in_body(cls, cu.the_method(cls, "__init__"), cu.with_body(cu.the_method(cls, "__init__"), init_body))
+        cls = cu.replace_in_body(cls, cu.the_method(cls, "forward"), cu.with_body(cu.the_method(cls, "forward"), body))
+        save(state, info.file, cu.replace_top(module, cu.the_class(module, info.name), cls))
         state.change("HFC813", info.file, f"{info.name}.forward", f"{packed}(...).chunk(3) -> .split((self.q_size, self.kv_size, self.kv_size), dim=-1)", WHY)
 
 

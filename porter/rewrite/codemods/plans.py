@@ -50,7 +50,7 @@ class ParallelPlans(Codemod):
             cls = _merge(cls, "base_model_tp_plan", {k: repr(v).replace("'", '"') for k, v in tp.items()})
         if pp:
             cls = _merge(cls, "base_model_pp_plan", {k: repr(v).replace("'", '"') for k, v in pp.items()})
-        save(state, config_cls.file, cu.replace_top(module, cu.top_class(module, config_cls.name), cls))
+        save(state, config_cls.file, cu.replace_top(module, cu.the_class(module, config_cls.name), cls))
         if tp:
             state.change("HFC501", config_cls.file, config_cls.name, f"base_model_tp_plan: added {', '.join(f'{k}: {v}' for k, v in tp.items())}",
                          "vLLM shards the linears the plan names (colwise in, rowwise out); without a plan it replicates every linear it does not fuse")
@@ -129,7 +129,7 @@ def _dict_keys(entry) -> set[str] | None:
         return None
     value = entry[0]
     if isinstance(value, ast.Dict):
-        return {k.value for k in value.keys if isinstance(k, ast.Constant)}
+        return {k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
     return set()
 
 
@@ -137,8 +137,8 @@ def _merge(cls: cst.ClassDef, attr: str, entries: dict[str, str]) -> cst.ClassDe
     body = cu.body_of(cls)
     for i, s in enumerate(body):
         small = cu.simple(s)
-        if m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name(attr))])):
-            if m.matches(small.value, m.Dict()):
+        if isinstance(small, cst.Assign) and m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name(attr))])):
+            if isinstance(small.value, cst.Dict):
                 body[i] = s.with_changes(body=[small.with_changes(value=_append(small.value, entries))])
                 return cu.with_body(cls, body)
             return cls

@@ -43,10 +43,11 @@ class InlineProjectionHelpers(Codemod):
                     if isinstance(s, cst.FunctionDef) and s.name.value not in ("forward", "__init__") and s.name.value not in helpers:
                         body = cu.body_of(s)
                         p = s.params
-                        if (len(body) == 1 and isinstance(cu.simple(body[0]), cst.Return) and cu.simple(body[0]).value is not None
+                        returned = cu.simple(body[0]) if len(body) == 1 else None
+                        if (isinstance(returned, cst.Return) and returned.value is not None
                                 and not p.star_kwarg and not p.kwonly_params and not isinstance(p.star_arg, cst.Param)
                                 and all(x.default is None for x in p.params) and not s.decorators):
-                            helpers[s.name.value] = ([x.name.value for x in p.params][1:], cu.simple(body[0]).value)
+                            helpers[s.name.value] = ([x.name.value for x in p.params][1:], returned.value)
             if not helpers:
                 continue
             module = parse(state, cls.file)

@@ -84,7 +84,7 @@ class RemovedApis(Codemod):
             replacement: list[cst.BaseStatement] = []
             for alias in small.names:
                 name = cu.dotted(alias.name) or ""
-                local = alias.asname.name.value if alias.asname is not None else name
+                local = cst.ensure_type(alias.asname.name, cst.Name).value if alias.asname is not None else name
                 api = removed_apis.match_import(mod, name)
                 if api is None:
                     keep.append(alias)
@@ -221,15 +221,18 @@ class RemovedApis(Codemod):
                 out.append(s)
                 continue
             bound = []
+            assert isinstance(small, (cst.Import, cst.ImportFrom))  # `top` is set only for imports
             names = small.names if not isinstance(small.names, cst.ImportStar) else []
             for alias in names:
-                bound.append(alias.asname.name.value if alias.asname is not None else (cu.dotted(alias.name) or "").split(".")[0])
+                bound.append(cst.ensure_type(alias.asname.name, cst.Name).value if alias.asname is not None
+                             else (cu.dotted(alias.name) or "").split(".")[0])
             rest = module.with_changes(body=[x for x in body if x is not s])
             if bound and all(cu.count_name(rest, b) == 0 for b in bound):
                 state.change("HFC812", file, "imports", f"dropped the unused unconditional import `{cu.code(small).strip()}` ({CUDA_ONLY[top]})",
                              "transformers refuses to load code whose unconditional imports are not installed; flash-attention exists only on CUDA machines")
                 continue
             plain = s.with_changes(leading_lines=[])
+            guard: cst.If | cst.Try
             if top.startswith("flash_attn"):
                 need_flag = True
                 guard = cst.If(test=cst.parse_expression("is_flash_attn_2_available()"), body=cst.IndentedBlock(body=[plain]))

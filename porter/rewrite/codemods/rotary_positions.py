@@ -13,6 +13,8 @@ cache).
 
 from __future__ import annotations
 
+from functools import partial
+
 import libcst as cst
 
 from hfcheck.porter.rewrite import cstutil as cu
@@ -55,7 +57,7 @@ class RotaryPositions(Codemod):
 
                     return cu.replace_nodes(func, swap)
 
-                module = cu.edit_class(module, name, lambda c, f=widen: cu.edit_method(c, "forward", f))
+                module = cu.edit_class(module, name, partial(cu.edit_method, name="forward", fn=widen))
             if changed:
                 save(state, file, module)
                 for where in dict.fromkeys(changed):
