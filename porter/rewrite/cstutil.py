@@ -7,11 +7,13 @@ block, keeping the comments above a replaced statement, a parameter added after 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import parse_template_expression, parse_template_statement
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 EMPTY = cst.Module([])
 
@@ -22,18 +24,6 @@ source text the analysis already holds, such as a plan's ``config.hidden_size``)
 
 def code(node: cst.CSTNode) -> str:
     return EMPTY.code_for_node(node)
-
-
-def stmt(src: str) -> cst.BaseStatement:
-    return cst.parse_statement(src)
-
-
-def stmts(src: str) -> list[cst.BaseStatement]:
-    return list(cst.parse_module(src).body)
-
-
-def expr(src: str) -> cst.BaseExpression:
-    return cst.parse_expression(src)
 
 
 def _nodes(parts: dict[str, Part]) -> dict[str, Any]:
@@ -199,33 +189,6 @@ def carry_leading(old: cst.BaseStatement, new: cst.BaseStatement) -> cst.BaseSta
     return new
 
 
-def replace_lines(func: cst.FunctionDef, start: int, end: int, new: list[cst.BaseStatement], module: cst.Module):
-    """``func`` with the statements spanning lines ``start``-``end`` of ``module`` (whole
-    statements, consecutive, of one block) replaced by ``new``; returns (function, how many
-    statements were replaced), or None when the lines are not such a run. ``func`` must be a
-    node of ``module`` (lines come from its positions)."""
-    from libcst.metadata import MetadataWrapper, PositionProvider
-
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    for block in _blocks(func):
-        body = list(block.body)
-        spans = [(positions[s].start.line, positions[s].end.line) if s in positions else (0, 0) for s in body]
-        first = next((i for i, (lo, _) in enumerate(spans) if lo == start), None)
-        if first is None:
-            continue
-        last = next((i for i in range(first, len(spans)) if spans[i][1] == end), None)
-        if last is None:
-            return None
-        new = [carry_leading(body[first], new[0])] + list(new[1:])
-        return func.deep_replace(block, block.with_changes(body=body[:first] + new + body[last + 1:])), last - first + 1
-    return None
-
-
-def _blocks(node: cst.CSTNode) -> list[cst.IndentedBlock]:
-    """Every indented block under ``node``, outermost first."""
-    return [cst.ensure_type(b, cst.IndentedBlock) for b in m.findall(node, m.IndentedBlock())]
-
-
 # ------------------------------------------------------------------ classes and methods
 
 
@@ -333,6 +296,80 @@ def edit_method(cls: cst.ClassDef, name: str, fn: Callable[[cst.FunctionDef], cs
     return cst.ensure_type(cls.visit(EditMethod(name, fn)), cst.ClassDef)
 
 
+@dataclass(frozen=True)
+class LineSpan:
+    """Whole statements of one block of ``method``, from the one starting on line ``start`` to
+    the one ending on line ``end``, to become ``new``. Lines are the reference run's: the
+    dataflow analysis names code by the source lines the original executed."""
+
+    method: str
+    start: int
+    end: int
+    new: tuple[cst.BaseStatement, ...]
+
+
+class ReplaceSpans(_Scoped):
+    """In the top-level class ``cls``, each ``LineSpan`` of its methods replaced, the comments
+    above the first replaced statement kept. Statements are selected by their position in this
+    tree (LibCST's PositionProvider), so several spans of one class go in one pass. Run it with
+    ``MetadataWrapper(module).visit(...)``; ``replaced[span]`` is how many statements went, and
+    a span missing from it was not whole statements of one block."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, cls: str, spans: Iterable[LineSpan]) -> None:
+        super().__init__()
+        self.cls = cls
+        self.spans = list(spans)
+        self.replaced: dict[LineSpan, int] = {}
+        self.in_class = False
+        self.method: str | None = None
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        super().visit_ClassDef(node)
+        if self.classes == 1 and self.functions == 0:
+            self.in_class = node.name.value == self.cls
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        super().visit_FunctionDef(node)
+        if self.in_class and self.classes == 1 and self.functions == 1:
+            self.method = node.name.value
+
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
+        if self.classes == 1 and self.functions == 1:
+            self.method = None
+        return super().leave_FunctionDef(original, updated)
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        if self.method is None:
+            return updated
+        lines = [self._lines(s) for s in original.body]
+        body = list(updated.body)
+        for span in self.spans:
+            if span.method != self.method or span in self.replaced:
+                continue
+            first = next((i for i, (lo, _) in enumerate(lines) if lo == span.start), None)
+            last = next((i for i in range(first, len(lines)) if lines[i][1] == span.end), None) if first is not None else None
+            if first is None or last is None:
+                continue
+            new = [carry_leading(body[first], span.new[0]), *span.new[1:]]
+            body = body[:first] + new + body[last + 1:]
+            lines = lines[:first] + [(0, 0)] * len(new) + lines[last + 1:]
+            self.replaced[span] = last - first + 1
+        return updated.with_changes(body=body)
+
+    def _lines(self, s: cst.CSTNode) -> tuple[int, int]:
+        position = self.get_metadata(PositionProvider, s, None)
+        return (position.start.line, position.end.line) if position is not None else (0, 0)
+
+
+def replace_spans(module: cst.Module, cls: str, spans: Iterable[LineSpan]) -> tuple[cst.Module, dict[LineSpan, int]]:
+    """``module`` with the spans of ``cls``'s methods replaced (``ReplaceSpans``), and how many
+    statements each replaced span held."""
+    edit = ReplaceSpans(cls, spans)
+    return MetadataWrapper(module).visit(edit), edit.replaced
+
+
 # ------------------------------------------------------------------ signatures
 
 
@@ -362,7 +399,7 @@ def add_param(func: cst.FunctionDef, name: str, default: str | None = None) -> c
     plist = list(params.params)
     if default is None and any(p.default is not None for p in plist):
         default = "None"
-    param = cst.Param(cst.Name(name), default=expr(default) if default is not None else None,
+    param = cst.Param(cst.Name(name), default=cst.parse_expression(default) if default is not None else None,
                       equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")) if default is not None else cst.MaybeSentinel.DEFAULT)
     if plist:
         last = plist[-1]
@@ -400,7 +437,7 @@ def add_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
     if any(a.keyword is not None and a.keyword.value == name for a in call.args):
         return call
     args = list(call.args)
-    new = cst.Arg(expr(value), keyword=cst.Name(name), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+    new = cst.Arg(cst.parse_expression(value), keyword=cst.Name(name), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
     star_at = next((i for i, a in enumerate(args) if a.star == "**"), len(args))
     if args and star_at == len(args):
         last = args[-1]

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import ast
 import re
+from dataclasses import dataclass
+from functools import partial
 
 import libcst as cst
 import libcst.matchers as m
@@ -139,7 +141,7 @@ class AttentionInterface(Codemod):
         owner = init_owner(index, cls)
         if owner is None or owner.file != file:
             raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
-        owner_init = cu.the_method(cu.top_class(module, owner.name), "__init__")
+        owner_init = cu.the_method(cu.the_class(module, owner.name), "__init__")
         config_name = init_param_of_config(owner_init)
         init_adds: list[tuple[str, str, str]] = []  # (attr, value, position)
         if not assigned(index, cls, "config"):
@@ -155,33 +157,27 @@ class AttentionInterface(Codemod):
         eager = self._eager_name(module)
         weights = plan.weights or ("attn_weights" if "attn_weights" not in cu.names_in(func) else "_attn_weights")
         q, k, v = (f"{x}.transpose(1, 2)" for x in (plan.q, plan.k, plan.v)) if plan.layout == "bshd" else (plan.q, plan.k, plan.v)
-        dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
-        scaling_kw = f"scaling={scaling_arg}, " if scaling_arg is not None else ""
-        call = f"{plan.out}, {weights} = {iface}(self, {q}, {k}, {v}, {plan.mask}, dropout={dropout}, {scaling_kw}**{kwargs})\n"
-        if len(call) > 100:  # one argument a line, as transformers writes it
-            args = ["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([scaling_kw.strip().rstrip(",")] if scaling_kw else []) + [f"**{kwargs}"]
-            call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
+        keywords = [("dropout", _dropout(plan.dropout)), *([("scaling", scaling_arg)] if scaling_arg is not None else [])]
         new = [
-            cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager})\n"),
-            cu.stmt(call),
+            cu.carry_leading(body[plan.start], cu.template(GET_INTERFACE, iface=iface, eager=eager)),
+            _interface_call(plan.out, weights, iface, [q, k, v, plan.mask], keywords, kwargs),
         ]
-        new[0] = cu.carry_leading(body[plan.start], new[0])
         rest = body[plan.end + 1:]
         if plan.layout == "bhsd":
             fixed = _drop_transpose(rest[0], plan.out) if rest else None
             if fixed is not None:
                 rest = [fixed] + rest[1:]
             else:
-                new.append(cu.stmt(f"{plan.out} = {plan.out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n"))
+                new.append(cu.template("{out} = {out}.transpose(1, 2)  # the interface returns [batch, seq, heads, head_dim]\n", out=plan.out))
         func = cu.with_body(func, body[: plan.start] + new + rest)
         func = cu.add_star_kwargs(func, kwargs)
-        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, cu.method(classdef, "forward"), func))
+        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, cu.the_method(classdef, "forward"), func))
         for attr, value, position in init_adds:
             module = add_init_assign(module, owner.name, attr, value, position)
         module = cu.ensure_import(module, "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n", "ALL_ATTENTION_FUNCTIONS")
         if eager not in cu.bound_names(module):
             module = cu.ensure_import(module, "import torch\n", "torch")
-            fn = cu.stmt(EAGER.format(name=eager)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            fn = cu.template(EAGER, name=eager).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             first = next((s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value in (cls.name, owner.name)), None)
             module = cu.insert_before_class(module, first.name.value if first is not None else cls.name, [fn])
             state.change("HFC801", file, eager, "added the eager fallback of the attention interface (softmax(QK^T)V)",
@@ -295,7 +291,7 @@ class AttentionInterface(Codemod):
                 if isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and updated.orelse is None:
                     return cst.RemovalSentinel.REMOVE
                 if isinstance(updated.body, cst.IndentedBlock) and not updated.body.body:
-                    return updated.with_changes(body=updated.body.with_changes(body=[cu.stmt("pass\n")]))
+                    return updated.with_changes(body=updated.body.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])]))
                 return updated
 
             def leave_ClassDef(self, original, updated):
@@ -313,18 +309,15 @@ class AttentionInterface(Codemod):
         return True
 
     def _rewrite_region(self, state, index, cls, module: cst.Module, plan) -> cst.Module:
-        file = plan.file
+        """The region the reference run proved to be attention -> one interface call: decide what
+        the module lacks (refusing what the interface cannot hold), build the statements, put
+        them in place of the region's lines, and record why."""
         owner = init_owner(index, cls)
-        if owner is None or owner.file != file:
+        if owner is None or owner.file != plan.file:
             raise Refused("its __init__ is not in the same file (or is inherited from transformers)")
         classdef = cu.the_class(module, plan.cls)
-        func = cu.the_method(classdef, plan.function)
-        init_adds: list[tuple[str, str, str]] = []
-        if not assigned(index, cls, "config"):
-            config_name = init_param_of_config(cu.method(cu.top_class(module, owner.name), "__init__"))
-            if config_name is None:
-                raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
-            init_adds.append(("config", config_name, "start"))
+        forward = cu.the_method(classdef, "forward")
+        init_adds = self._region_init_adds(index, cls, module, owner.name, plan)
         scaling = plan.scaling
         if scaling is None and plan.scaling_init is not None:
             scaling = self._scaling_attr(index, cls, plan.scaling_init, init_adds)
@@ -332,80 +325,56 @@ class AttentionInterface(Codemod):
             init_adds.append(("is_causal", "True", "end"))
         if plan.groups and not assigned(index, cls, "num_key_value_groups"):
             init_adds.append(("num_key_value_groups", plan.groups, "end"))
-        forward = cu.the_method(classdef, "forward")
-        kwargs = cu.star_kwargs(forward) or "kwargs"
-        taken = cu.names_in(forward) | cu.names_in(func)
-        iface = "attention_interface" if "attention_interface" not in taken else "attention_fn"
-        weights = plan.weights or ("attn_weights" if "attn_weights" not in taken else "_attn_weights")
-        dropout = f"0.0 if not self.training else {plan.dropout}" if plan.dropout else "0.0"
-        q, k, v = plan.q, plan.k, plan.v
-        if plan.returns:  # the helper hands q, k and v back; forward makes the call (vLLM reads forward's source)
-            forward_names = cu.names_in(forward)
-            q, k, v = (n if n not in forward_names else f"_{n}" for n in ("query_states", "key_states", "value_states"))
-        softcap = []
-        if plan.softcap is not None:  # vLLM applies config.attn_logit_softcapping to every layer
-            softcap = ["softcap=self.config.attn_logit_softcapping"]
-            if state.config.get("attn_logit_softcapping") != plan.softcap:
-                state.config_edits.append({"op": "set", "key": "attn_logit_softcapping", "value": plan.softcap})
-                state.change("HFC803", "config.json", "attn_logit_softcapping", f"set attn_logit_softcapping = {plan.softcap:g}",
-                             "the original caps its scores with c * tanh(scores / c); vLLM applies that cap from this config key")
-            state.sdpa_unsupported.append(f"{plan.cls}: a logit softcap (transformers' sdpa backend has none)")
-        args = (["self", q, k, v, plan.mask, f"dropout={dropout}"] + ([f"scaling={scaling}"] if scaling else []) + softcap
-                + [f"**{kwargs}"])
-        call = f"{plan.out}, {weights} = {iface}(" + ", ".join(args) + ")\n"
-        if len(call) > 100:
-            call = f"{plan.out}, {weights} = {iface}(\n" + "".join(f"    {a},\n" for a in args) + ")\n"
-        new = [cu.stmt(f"{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {self._eager_name(module)})\n"),
-               cu.stmt(call)]
-        # the interface returns [batch, seq, heads, head_dim] in transformers and [tokens, heads * head_dim] in vLLM:
-        # reshape by the layer input's own shape, as transformers' models do
-        params = cu.param_names(forward)
-        if len(params) < 2:
-            raise Refused("forward takes no input to read the token shape from")
-        o, x, head = plan.out, params[1], plan.head_attr
-        if plan.out_layout in ("bshd", "bhsd", "sbhd") and head is None:
-            raise Refused("the statements after the attention want heads split, and the module keeps no head size attribute")
-        shape = {"bsD": f"*{x}.shape[:-1], -1", "bshd": f"*{x}.shape[:-1], -1, {head}", "bhsd": f"*{x}.shape[:-1], -1, {head}",
-                 "sbD": f"{x}.shape[1], {x}.shape[0], -1", "sbhd": f"{x}.shape[1], {x}.shape[0], -1, {head}"}[plan.out_layout]
-        tail = {"bsD": ".contiguous()", "bshd": "", "bhsd": ".transpose(1, 2)", "sbD": ".transpose(0, 1).contiguous()",
-                "sbhd": ".transpose(0, 1)"}[plan.out_layout]
-        new.append(cu.stmt(f"{o} = {o}.reshape({shape}){tail}\n"))
-        if plan.returns:
-            # two edits in one class: the lower one first, so the other's line numbers hold
-            edits = [(plan.caller_line, "forward", plan.caller_line, [cu.stmt(f"{q}, {k}, {v} = {plan.caller_call}\n")] + new),
-                     (plan.start_line, plan.function, plan.end_line,
-                      [cu.stmt(f"return {plan.q}, {plan.k}, {plan.v}  # [batch, heads, seq, head_dim]: forward calls the attention\n")])]
-            removed = 0
-            for start, name, end, stmts in sorted(edits, key=lambda e: -e[0]):
-                classdef = cu.the_class(module, plan.cls)
-                method = cu.the_method(classdef, name)
-                done = cu.replace_lines(method, start, end, stmts, module)
-                if done is None:
-                    raise Refused(f"lines {start}-{end} are not whole statements of one block of {name}")
-                removed += done[1] if name != "forward" else 0
-                module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, method, done[0]))
-            classdef = cu.the_class(module, plan.cls)
-            func = cu.the_method(classdef, "forward")
-            replaced = (func, removed)
-        else:
-            replaced = cu.replace_lines(func, plan.start_line, plan.end_line, new, module)
-            if replaced is None:
-                raise Refused(f"lines {plan.start_line}-{plan.end_line} are not whole statements of one block of forward")
-            removed = replaced[1]
-        new_func = cu.add_star_kwargs(replaced[0], kwargs)
-        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, new_func))
+        names = _RegionNames.free_in(forward, cu.the_method(classdef, plan.function), plan)
+        reshape = _reshape_output(plan, forward)
+        softcap = self._softcap(state, plan)
+        call = [cu.template(GET_INTERFACE, iface=names.iface, eager=self._eager_name(module)),
+                _interface_call(plan.out, names.weights, names.iface, [names.q, names.k, names.v, plan.mask],
+                                [("dropout", _dropout(plan.dropout)), *([("scaling", scaling)] if scaling else []), *softcap], names.kwargs),
+                reshape]
+        spans = _region_spans(plan, names, call)
+        module, replaced = cu.replace_spans(module, plan.cls, spans)
+        for span in spans:
+            if span not in replaced:
+                raise Refused(f"lines {span.start}-{span.end} are not whole statements of one block of {span.method}")
+        removed = sum(n for span, n in replaced.items() if span.method == plan.function)
+        module = cu.edit_class(module, plan.cls, partial(cu.edit_method, name="forward", fn=partial(cu.add_star_kwargs, name=names.kwargs)))
         module = self._split_packed(state, index, cls, module, plan, init_adds)
         for attr, value, position in init_adds:
             module = add_init_assign(module, owner.name, attr, value, position)
+        self._record_region(state, plan, removed)
+        self._record_init_adds(state, plan.file, owner.name, init_adds)
+        return module
+
+    def _region_init_adds(self, index, cls, module: cst.Module, owner: str, plan) -> list[tuple[str, str, str]]:
+        """What ``__init__`` must store for the interface: ``self.config`` where the module keeps none."""
+        if assigned(index, cls, "config"):
+            return []
+        config_name = init_param_of_config(cu.the_method(cu.the_class(module, owner), "__init__"))
+        if config_name is None:
+            raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
+        return [("config", config_name, "start")]
+
+    def _softcap(self, state, plan) -> list[tuple[str, str]]:
+        """The ``softcap=`` argument for a region that caps its scores; vLLM applies
+        ``config.attn_logit_softcapping`` to every layer, so config.json carries the cap."""
+        if plan.softcap is None:
+            return []
+        if state.config.get("attn_logit_softcapping") != plan.softcap:
+            state.config_edits.append({"op": "set", "key": "attn_logit_softcapping", "value": plan.softcap})
+            state.change("HFC803", "config.json", "attn_logit_softcapping", f"set attn_logit_softcapping = {plan.softcap:g}",
+                         "the original caps its scores with c * tanh(scores / c); vLLM applies that cap from this config key")
+        state.sdpa_unsupported.append(f"{plan.cls}: a logit softcap (transformers' sdpa backend has none)")
+        return [("softcap", "self.config.attn_logit_softcapping")]
+
+    def _record_region(self, state, plan, removed: int) -> None:
         where = f"{plan.cls}.{plan.function}"
-        state.change("HFC803", file, where,
+        state.change("HFC803", plan.file, where,
                      f"replaced lines {plan.start_line}-{plan.end_line} ({plan.what}; {removed} statement(s)) with one attention-interface call"
                      + (f" in forward (line {plan.caller_line}; {plan.function} now returns q, k and v)" if plan.returns else "") + ", "
                      f"proven equal on the original's recorded values (max relative error {plan.max_rel_error:.1e})", WHY_DISPATCH)
-        state.change("HFC801", file, where, "dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
+        state.change("HFC801", plan.file, where, "dispatches through ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, ...) once",
                      "vLLM swaps in its paged attention through this lookup (and transformers' sdpa/flash backends too)")
-        self._record_init_adds(state, file, owner.name, init_adds)
-        return module
 
     def _split_packed(self, state, index, cls, module: cst.Module, plan, init_adds: list) -> cst.Module:
         """The packed q/k/v projection's cut (lines above the attention region, so unmoved)
@@ -419,21 +388,14 @@ class AttentionInterface(Codemod):
             state.refuse("HFC813", split.file, f"{plan.cls}.forward", f"line {split.line}: {split.reason}")
             return module
         q, k, v = split.names
-        new = [cu.stmt(f"{q}, {k}, {v} = {split.packed_var}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)\n")]
-        for name, layout in zip(split.names, split.views):
-            if layout in ("bshd", "sbhd"):
-                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr})\n"))
-            elif layout == "bhsd":
-                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2)\n"))
-            elif layout == "Bsd":
-                new.append(cu.stmt(f"{name} = {name}.view(*{name}.shape[:-1], -1, {split.head_attr}).transpose(1, 2).flatten(0, 1)\n"))
-        classdef = cu.the_class(module, plan.cls)
-        func = cu.the_method(classdef, "forward")
-        replaced = cu.replace_lines(func, split.start_line, split.end_line, new, module)
-        if replaced is None:
+        new = [cu.template("{q}, {k}, {v} = {packed}.split((self.q_size, self.kv_size, self.kv_size), dim=-1)\n", q=q, k=k, v=v, packed=split.packed_var)]
+        assert split.head_attr is not None  # the dataflow refuses a packed projection whose module keeps no head size
+        new += [cu.template(VIEW[layout], name=name, head=split.head_attr) for name, layout in zip(split.names, split.views) if layout in VIEW]
+        span = cu.LineSpan("forward", split.start_line, split.end_line, tuple(new))
+        module, replaced = cu.replace_spans(module, plan.cls, [span])
+        if span not in replaced:
             state.refuse("HFC813", plan.file, f"{plan.cls}.forward", f"lines {split.start_line}-{split.end_line} are not whole statements of one block")
             return module
-        module = cu.replace_top(module, classdef, cu.replace_in_body(classdef, func, replaced[0]))
         for attr, value in (("q_size", split.q_size), ("kv_size", split.kv_size)):
             if not assigned(index, cls, attr):
                 init_adds.append((attr, value, "end"))
@@ -471,7 +433,7 @@ class AttentionInterface(Codemod):
             if method is not None:
                 classdef = cu.replace_in_body(classdef, method, cu.replace_nodes(method, swap))
         if done:
-            module = cu.replace_top(module, cu.top_class(module, plan.cls), classdef)
+            module = cu.replace_top(module, cu.the_class(module, plan.cls), classdef)
             state.change("HFC501", plan.file, f"{plan.cls}.forward", f"{len(done)} view(s) of the projections take -1 for the head count "
                          f"({', '.join(sorted(set(done)))})", "under tensor parallelism each rank holds only its share of the heads")
         return module
@@ -481,7 +443,7 @@ class AttentionInterface(Codemod):
         module = cu.ensure_import(module, "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS\n", "ALL_ATTENTION_FUNCTIONS")
         if eager not in cu.bound_names(module):
             module = cu.ensure_import(module, "import torch\n", "torch")
-            fn = cu.stmt(EAGER.format(name=eager)).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+            fn = cu.template(EAGER, name=eager).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
             first = next((s.name.value for s in module.body if isinstance(s, cst.ClassDef)), cls_name)
             module = cu.insert_before_class(module, first, [fn])
             state.change("HFC801", file, eager, "added the eager fallback of the attention interface (softmax(QK^T)V)",
@@ -525,7 +487,9 @@ class AttentionInterface(Codemod):
             else:
                 return None  # the backends' default, 1/sqrt(head_dim)
         src = plan.scale
-        node = cu.expr(src)
+        if src is None:  # kind "expr" always carries its source
+            raise Refused("the softmax scale was recognised without its source")
+        node = cst.parse_expression(src)
         if cu.is_self_attr(node) or isinstance(node, (cst.Integer, cst.Float)):
             return src
         names = cu.names_in(node)
@@ -561,7 +525,7 @@ class AttentionInterface(Codemod):
             dropout = cu.arg(call, 4, "dropout_p")
             causal = cu.arg(call, 5, "is_causal")
             scale = cu.arg(call, 99, "scale")
-            causal_true = m.matches(causal, TRUE)
+            causal_true = causal is not None and m.matches(causal, TRUE)
             if mask is None and not causal_true:
                 raise Refused("scaled_dot_product_attention without a mask and without is_causal=True is bidirectional attention")
             if mask is not None and causal_true:
@@ -571,7 +535,7 @@ class AttentionInterface(Codemod):
             dropout = cu.arg(call, 3, "dropout_p")
             scale = cu.arg(call, 4, "softmax_scale")
             causal = cu.arg(call, 5, "causal")
-            if not m.matches(causal, TRUE):
+            if causal is None or not m.matches(causal, TRUE):
                 raise Refused(f"{name}(...) without causal=True (bidirectional or windowed flash attention)")
             layout, mask_src = "bshd", "None"
         scale_src = cu.code(scale) if scale is not None and not m.matches(scale, m.Name("None")) else None
@@ -632,7 +596,7 @@ class AttentionInterface(Codemod):
         test = s.test
         if not m.matches(test, NAME_IS_NOT_NONE) or s.orelse is not None:
             raise Refused(f"unrecognised condition between QK^T and the value product: `if {cu.code(test)}:`")
-        name = test.left.value
+        name = cst.ensure_type(cst.ensure_type(test, cst.Comparison).left, cst.Name).value  # NAME_IS_NOT_NONE matched
         aliases = {name}
         for b in body:
             targets, value = cu.assign_of(b)
@@ -642,7 +606,7 @@ class AttentionInterface(Codemod):
             if base in aliases and targets[0] not in derived:
                 aliases.add(targets[0])
                 continue
-            step = _step(value, derived)
+            step = _step(value, derived) if value is not None else None
             if step is None or step[0] != "mask" or step[1] not in aliases:
                 raise Refused(f"unrecognised step in the mask branch: `{cu.code(b).strip()}`")
             derived.add(targets[0])
@@ -654,7 +618,7 @@ class AttentionInterface(Codemod):
 
     def _eager_name(self, module: cst.Module) -> str:
         for s in module.body:
-            if m.matches(s, m.FunctionDef(name=m.Name("eager_attention_forward"))):
+            if isinstance(s, cst.FunctionDef) and s.name.value == "eager_attention_forward":
                 params = cu.param_names(s)
                 return "eager_attention_forward" if len(params) >= 5 else "_eager_attention_forward_port"
         return "eager_attention_forward"
@@ -668,10 +632,11 @@ class AttentionInterface(Codemod):
             for s in module.body:
                 targets, value = cu.assign_of(s)
                 if targets and len(targets) == 1 and isinstance(value, cst.Dict) and value.elements:
-                    entries = {}
+                    entries: dict[str, str] = {}
                     for el in value.elements:
-                        if m.matches(el, m.DictElement(key=m.SimpleString(), value=m.Name())):
-                            entries[el.key.evaluated_value] = el.value.value
+                        if isinstance(el, cst.DictElement) and isinstance(el.key, cst.SimpleString) and isinstance(el.value, cst.Name):
+                            key = el.key.evaluated_value
+                            entries[key if isinstance(key, str) else key.decode()] = el.value.value
                     if entries and set(entries.values()) & ported and len(entries) == len(value.elements):
                         tables[targets[0]] = entries.get("eager") or next(iter(entries.values()))
             if not tables:
@@ -699,6 +664,99 @@ def _builds(tree: ast.Module, name_node: ast.Name, cls_name: str) -> bool:
                 and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)):
             return True
     return False
+
+
+
+# ---------------------------------------------------------------------- the interface call
+
+GET_INTERFACE = "{iface} = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, {eager})\n"
+ONE_ARGUMENT_A_LINE = cst.ensure_type(cst.parse_expression("f(\n    a,\n    b,\n)"), cst.Call)
+"""How transformers writes a call too long for one line; its commas and bracket are taken from here."""
+VIEW = {
+    "bshd": "{name} = {name}.view(*{name}.shape[:-1], -1, {head})\n",
+    "sbhd": "{name} = {name}.view(*{name}.shape[:-1], -1, {head})\n",
+    "bhsd": "{name} = {name}.view(*{name}.shape[:-1], -1, {head}).transpose(1, 2)\n",
+    "Bsd": "{name} = {name}.view(*{name}.shape[:-1], -1, {head}).transpose(1, 2).flatten(0, 1)\n",
+}
+"""Each of q, k and v after the split, in the layout the statements after it read."""
+RESHAPE = {
+    "bsD": "{o} = {o}.reshape(*{x}.shape[:-1], -1).contiguous()\n",
+    "bshd": "{o} = {o}.reshape(*{x}.shape[:-1], -1, {head})\n",
+    "bhsd": "{o} = {o}.reshape(*{x}.shape[:-1], -1, {head}).transpose(1, 2)\n",
+    "sbD": "{o} = {o}.reshape({x}.shape[1], {x}.shape[0], -1).transpose(0, 1).contiguous()\n",
+    "sbhd": "{o} = {o}.reshape({x}.shape[1], {x}.shape[0], -1, {head}).transpose(0, 1)\n",
+}
+"""The interface returns [batch, seq, heads, head_dim] in transformers and [tokens, heads * head_dim]
+in vLLM: the output is reshaped by the layer input's own shape, as transformers' models do, into
+the layout the statements after the region expect."""
+
+
+NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+
+
+def _interface_call(out: str, weights: str, iface: str, tensors: list[str], keywords: list[tuple[str, str]], kwargs: str) -> cst.BaseStatement:
+    """``out, weights = iface(self, q, k, v, mask, key=value..., **kwargs)`` (``tensors``: the
+    sources of q, k, v and the mask); over 100 characters, one argument a line."""
+    args = [cst.Arg(cst.Name("self")), *(cst.Arg(cst.parse_expression(t)) for t in tensors),
+            *(cst.Arg(cst.parse_expression(value), keyword=cst.Name(key), equal=NO_SPACE) for key, value in keywords),
+            cst.Arg(cst.Name(kwargs), star="**")]
+    call = cst.Call(cst.Name(iface), args)
+    line = cu.template("{out}, {weights} = {call}\n", out=out, weights=weights, call=call)
+    if len(cu.code(line)) <= 100:
+        return line
+    between, after_last = (a.comma for a in ONE_ARGUMENT_A_LINE.args)
+    args = [a.with_changes(comma=between) for a in call.args[:-1]] + [call.args[-1].with_changes(comma=after_last)]
+    call = call.with_changes(args=args, whitespace_before_args=ONE_ARGUMENT_A_LINE.whitespace_before_args)
+    return cu.template("{out}, {weights} = {call}\n", out=out, weights=weights, call=call)
+
+
+def _dropout(p: str | None) -> str:
+    return f"0.0 if not self.training else {p}" if p else "0.0"
+
+
+@dataclass(frozen=True)
+class _RegionNames:
+    """The names the rewritten code uses: the interface, the weights it returns, q/k/v as the
+    call reads them, and forward's ``**kwargs``."""
+
+    iface: str
+    weights: str
+    q: str
+    k: str
+    v: str
+    kwargs: str
+
+    @classmethod
+    def free_in(cls, forward: cst.FunctionDef, func: cst.FunctionDef, plan) -> _RegionNames:
+        taken = cu.names_in(forward) | cu.names_in(func)
+        q, k, v = plan.q, plan.k, plan.v
+        if plan.returns:  # the helper hands q, k and v back; forward makes the call (vLLM reads forward's source)
+            forward_names = cu.names_in(forward)
+            q, k, v = (n if n not in forward_names else f"_{n}" for n in ("query_states", "key_states", "value_states"))
+        return cls(iface="attention_interface" if "attention_interface" not in taken else "attention_fn",
+                   weights=plan.weights or ("attn_weights" if "attn_weights" not in taken else "_attn_weights"),
+                   q=q, k=k, v=v, kwargs=cu.star_kwargs(forward) or "kwargs")
+
+
+def _reshape_output(plan, forward: cst.FunctionDef) -> cst.BaseStatement:
+    params = cu.param_names(forward)
+    if len(params) < 2:
+        raise Refused("forward takes no input to read the token shape from")
+    if plan.out_layout in ("bshd", "bhsd", "sbhd") and plan.head_attr is None:
+        raise Refused("the statements after the attention want heads split, and the module keeps no head size attribute")
+    head = {"head": plan.head_attr} if plan.head_attr is not None and plan.out_layout in ("bshd", "bhsd", "sbhd") else {}
+    return cu.template(RESHAPE[plan.out_layout], o=plan.out, x=params[1], **head)
+
+
+def _region_spans(plan, names: _RegionNames, call: list[cst.BaseStatement]) -> list[cu.LineSpan]:
+    """Where the call goes: in place of the region, or (a helper that ends with the region) in
+    place of forward's call of the helper, which then returns q, k and v."""
+    if not plan.returns:
+        return [cu.LineSpan(plan.function, plan.start_line, plan.end_line, tuple(call))]
+    helper_call = cu.template("{q}, {k}, {v} = {call}\n", q=names.q, k=names.k, v=names.v, call=plan.caller_call)
+    returned = cu.template("return {q}, {k}, {v}  # [batch, heads, seq, head_dim]: forward calls the attention\n", q=plan.q, k=plan.k, v=plan.v)
+    return [cu.LineSpan("forward", plan.caller_line, plan.caller_line, (helper_call, *call)),
+            cu.LineSpan(plan.function, plan.start_line, plan.end_line, (returned,))]
 
 
 # ---------------------------------------------------------------------- expression patterns
@@ -811,7 +869,7 @@ def _step(value: cst.BaseExpression, derived: set[str]):
             if training is None and not re.fullmatch(r"0(\.0*)?", p_src):
                 return None
             return "dropout", None if re.fullmatch(r"0(\.0*)?", p_src) else p_src
-        if cu.is_self_attr(e.func) and "drop" in e.func.attr.value.lower():
+        if isinstance(e.func, cst.Attribute) and cu.is_self_attr(e.func) and "drop" in e.func.attr.value.lower():
             return "dropout", f"{cu.code(e.func)}.p"
         return None
     if isinstance(e, cst.BinaryOperation) and isinstance(e.left, cst.Name) and e.left.value in derived:
@@ -833,7 +891,7 @@ def _drop_transpose(s: cst.BaseStatement, out: str) -> cst.BaseStatement | None:
     targets, value = cu.assign_of(s)
     if cu.count_name(value if value is not None else s, out) != 1:
         return None
-    done = []
+    done: list[bool] = []
 
     def swap(node):
         if done or not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
