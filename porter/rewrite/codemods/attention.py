@@ -327,7 +327,7 @@ class AttentionInterface(Codemod):
             init_adds.append(("num_key_value_groups", plan.groups, "end"))
         names = _RegionNames.free_in(forward, cu.the_method(classdef, plan.function), plan)
         reshape = _reshape_output(plan, forward)
-        softcap = self._softcap(state, plan)
+        softcap = [("softcap", "self.config.attn_logit_softcapping")] if plan.softcap is not None else []
         call = [cu.template(GET_INTERFACE, iface=names.iface, eager=self._eager_name(module)),
                 _interface_call(plan.out, names.weights, names.iface, [names.q, names.k, names.v, plan.mask],
                                 [("dropout", _dropout(plan.dropout)), *([("scaling", scaling)] if scaling else []), *softcap], names.kwargs),
@@ -338,6 +338,7 @@ class AttentionInterface(Codemod):
             if span not in replaced:
                 raise Refused(f"lines {span.start}-{span.end} are not whole statements of one block of {span.method}")
         removed = sum(n for span, n in replaced.items() if span.method == plan.function)
+        self._carry_softcap(state, plan)
         module = cu.edit_class(module, plan.cls, partial(cu.edit_method, name="forward", fn=partial(cu.add_star_kwargs, name=names.kwargs)))
         module = self._split_packed(state, index, cls, module, plan, init_adds)
         for attr, value, position in init_adds:
@@ -355,17 +356,16 @@ class AttentionInterface(Codemod):
             raise Refused("the module keeps no config and its __init__ takes none (the interface reads config._attn_implementation)")
         return [("config", config_name, "start")]
 
-    def _softcap(self, state, plan) -> list[tuple[str, str]]:
-        """The ``softcap=`` argument for a region that caps its scores; vLLM applies
-        ``config.attn_logit_softcapping`` to every layer, so config.json carries the cap."""
+    def _carry_softcap(self, state, plan) -> None:
+        """A region that caps its scores calls with ``softcap=self.config.attn_logit_softcapping``:
+        vLLM applies that config key to every layer, so config.json carries the cap."""
         if plan.softcap is None:
-            return []
+            return
         if state.config.get("attn_logit_softcapping") != plan.softcap:
             state.config_edits.append({"op": "set", "key": "attn_logit_softcapping", "value": plan.softcap})
             state.change("HFC803", "config.json", "attn_logit_softcapping", f"set attn_logit_softcapping = {plan.softcap:g}",
                          "the original caps its scores with c * tanh(scores / c); vLLM applies that cap from this config key")
         state.sdpa_unsupported.append(f"{plan.cls}: a logit softcap (transformers' sdpa backend has none)")
-        return [("softcap", "self.config.attn_logit_softcapping")]
 
     def _record_region(self, state, plan, removed: int) -> None:
         where = f"{plan.cls}.{plan.function}"
