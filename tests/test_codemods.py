@@ -1271,3 +1271,53 @@ def test_every_codemod_has_a_codemod_test():
               if isinstance(cls, type) and issubclass(cls, CodemodTest) and isinstance(getattr(cls, "TRANSFORM", None), type)}
     missing = sorted(c.__name__ for c in set(CODEMODS) - tested)
     assert not missing, f"codemods without a CodemodTest in tests/test_codemods.py: {missing}"
+
+
+# ---------------------------------------------------------------------- statements named by line
+
+SPANNED = '''class Attention(nn.Module):
+    def forward(self, x):
+        q = self.q(x)
+        # the scores
+        w = (q @
+             q.transpose(-1, -2))
+        o = w @ q
+        return self.helper(o)
+
+    def helper(self, o):
+        if o is not None:
+            o = o * 2
+            o = o + 1
+        return o
+'''
+
+
+def test_replace_spans_puts_new_statements_in_place_of_lines_keeping_the_comment_above():
+    """Two spans of one class, in two methods and a nested block, in one pass over one tree."""
+    import libcst as cst
+
+    from hfcheck.porter.rewrite import cstutil as cu
+
+    module = cst.parse_module(SPANNED)
+    call = cu.LineSpan("forward", 5, 7, (cu.template("o = attend({q})\n", q="q"),))
+    inner = cu.LineSpan("helper", 12, 13, (cu.template("o = o * 2 + 1\n"),))
+    out, replaced = cu.replace_spans(module, "Attention", [call, inner])
+    assert replaced == {call: 2, inner: 2}
+    assert out.code == SPANNED.replace(
+        "        w = (q @\n             q.transpose(-1, -2))\n        o = w @ q\n", "        o = attend(q)\n").replace(
+        "            o = o * 2\n            o = o + 1\n", "            o = o * 2 + 1\n")
+
+
+@pytest.mark.parametrize(("method", "start", "end"), [("forward", 6, 7), ("forward", 5, 5), ("helper", 11, 12), ("other", 3, 3)])
+def test_replace_spans_leaves_a_span_that_is_not_whole_statements_of_one_block(method, start, end):
+    """Line 6 is inside a statement, 5-5 ends inside one, 11-12 crosses into the `if` block, and
+    there is no method `other`: the module comes back unchanged and the span is not replaced."""
+    import libcst as cst
+
+    from hfcheck.porter.rewrite import cstutil as cu
+
+    module = cst.parse_module(SPANNED)
+    span = cu.LineSpan(method, start, end, (cu.template("pass\n"),))
+    out, replaced = cu.replace_spans(module, "Attention", [span])
+    assert replaced == {}
+    assert out.code == SPANNED
