@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import libcst as cst
 import libcst.matchers as m
@@ -168,6 +168,7 @@ def self_assign_of(s: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | Non
     return None, None
 
 
+Definition = TypeVar("Definition", cst.ClassDef, cst.FunctionDef)
 Block = TypeVar("Block", cst.FunctionDef, cst.ClassDef, cst.If, cst.For, cst.While, cst.With, cst.Try)
 """A statement with an indented block of its own."""
 
@@ -260,40 +261,33 @@ class _Scoped(cst.CSTTransformer):
         return updated
 
 
-class EditClass(_Scoped):
-    """The top-level class ``name`` replaced by ``fn(class)``."""
+class EditDefinition(_Scoped):
+    """The class or function ``name`` (``kind``) standing directly in ``in_classes`` classes and
+    no function, replaced by ``fn(definition)``: a top-level class (``in_classes=0``), or a method
+    of the class the transformer is run on (``in_classes=1``)."""
 
-    def __init__(self, name: str, fn: Callable[[cst.ClassDef], cst.ClassDef]) -> None:
+    def __init__(self, kind: type[cst.ClassDef] | type[cst.FunctionDef], name: str, fn: Callable[[Any], Any], in_classes: int) -> None:
         super().__init__()
-        self.name, self.fn = name, fn
+        self.kind, self.name, self.fn, self.in_classes = kind, name, fn, in_classes
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.classes -= 1
-        if self.classes == 0 and self.functions == 0 and m.matches(updated, m.ClassDef(name=m.Name(self.name))):
-            return self.fn(updated)
-        return updated
-
-
-class EditMethod(_Scoped):
-    """Run on a class: its method ``name`` replaced by ``fn(method)``."""
-
-    def __init__(self, name: str, fn: Callable[[cst.FunctionDef], cst.FunctionDef]) -> None:
-        super().__init__()
-        self.name, self.fn = name, fn
+        return self._edit(super().leave_ClassDef(original, updated))
 
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef) -> cst.FunctionDef:
-        self.functions -= 1
-        if self.classes == 1 and self.functions == 0 and m.matches(updated, m.FunctionDef(name=m.Name(self.name))):
-            return self.fn(updated)
-        return updated
+        return self._edit(super().leave_FunctionDef(original, updated))
+
+    def _edit(self, node: Definition) -> Definition:
+        if isinstance(node, self.kind) and node.name.value == self.name and (self.classes, self.functions) == (self.in_classes, 0):
+            return cast(Definition, self.fn(node))
+        return node
 
 
 def edit_class(module: cst.Module, name: str, fn: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
-    return module.visit(EditClass(name, fn))
+    return module.visit(EditDefinition(cst.ClassDef, name, fn, in_classes=0))
 
 
 def edit_method(cls: cst.ClassDef, name: str, fn: Callable[[cst.FunctionDef], cst.FunctionDef]) -> cst.ClassDef:
-    return cst.ensure_type(cls.visit(EditMethod(name, fn)), cst.ClassDef)
+    return cst.ensure_type(cls.visit(EditDefinition(cst.FunctionDef, name, fn, in_classes=1)), cst.ClassDef)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ from hfcheck.analyzer.remote.ast_helpers import dispatch_names
 from hfcheck.porter.rewrite import cstutil as cu
 from hfcheck.porter.rewrite.codemods.base import (
     Codemod,
-    after_last_attribute,
+    Place,
     class_attribute_name,
     parse,
+    pretrained_roots,
     save,
     set_class_attribute,
 )
+
+TRUE = cst.Name("True")
 
 
 class BackendFlag(Codemod):
@@ -29,7 +32,7 @@ class BackendFlag(Codemod):
 
     def apply(self, state) -> None:
         index, roles = state.roles()
-        roots = [c for c in index.classes if any(b.rpartition(".")[2] in ("PreTrainedModel", "PretrainedModel") for b in c.bases)]
+        roots = pretrained_roots(index)
         if not roots:
             return
         not_dispatching = [n for n, (c, _) in roles.attention.items() if (m := index.method(c, "forward")) is None or not dispatch_names(m[1])]
@@ -49,10 +52,10 @@ class BackendFlag(Codemod):
             elif not_dispatching:
                 state.refuse("HFC805", root.file, root.name, f"not set: {', '.join(not_dispatching)} still compute attention outside the interface")
             else:
-                module = set_class_attribute(module, root.name, "_supports_attention_backend", cst.Name("True"), after_last_attribute)
+                module = set_class_attribute(module, root.name, "_supports_attention_backend", TRUE, Place.after_last_attribute) or module
                 changed.append("set _supports_attention_backend = True")
                 if index.class_attr(root, "_supports_sdpa") is None and not state.sdpa_unsupported:  # sdpa is one more backend
-                    module = set_class_attribute(module, root.name, "_supports_sdpa", cst.Name("True"), after_last_attribute)
+                    module = set_class_attribute(module, root.name, "_supports_sdpa", TRUE, Place.after_last_attribute) or module
                     changed.append("set _supports_sdpa = True")
             if changed:
                 save(state, root.file, module)

@@ -76,6 +76,12 @@ def init_owner(index: CodeIndex, cls: ClassInfo) -> ClassInfo | None:
     return None
 
 
+def pretrained_roots(index: CodeIndex) -> list[ClassInfo]:
+    """The classes that subclass transformers' ``PreTrainedModel`` themselves (4.x code also
+    spelled it ``PretrainedModel``): where class-wide flags and ``_init_weights`` go."""
+    return [c for c in index.classes if any(b.rpartition(".")[2] in ("PreTrainedModel", "PretrainedModel") for b in c.bases)]
+
+
 def assigned(index: CodeIndex, cls: ClassInfo, attr: str) -> bool:
     return index.self_assign(cls, attr) is not None or index.class_attr(cls, attr) is not None
 
@@ -159,19 +165,25 @@ class SetClassAttribute(m.MatcherDecoratableTransformer):
         return cu.with_body(updated, body)
 
 
-def set_class_attribute(module: cst.Module, cls: str, attr: str, value: cst.BaseExpression, place: Placement) -> cst.Module:
-    """``module`` with ``cls.attr = value`` (``SetClassAttribute``)."""
-    return module.visit(SetClassAttribute(cls, attr, value, place))
+def set_class_attribute(module: cst.Module, cls: str, attr: str, value: cst.BaseExpression, place: Placement) -> cst.Module | None:
+    """``module`` with ``cls.attr = value`` (``SetClassAttribute``); None without a top-level ``cls``."""
+    edit = SetClassAttribute(cls, attr, value, place)
+    new = module.visit(edit)
+    return new if edit.done else None
 
 
-def after_docstring(body: Sequence[cst.BaseStatement]) -> int:
-    return 1 if body and m.matches(body[0], cu.DOCSTRING) else 0
+class Place:
+    """Where a new class-body line goes (``Placement``s)."""
 
+    @staticmethod
+    def after_docstring(body: Sequence[cst.BaseStatement]) -> int:
+        return 1 if body and m.matches(body[0], cu.DOCSTRING) else 0
 
-def after_last_attribute(body: Sequence[cst.BaseStatement]) -> int:
-    return max((i for i, s in enumerate(body) if class_attribute_name(s) is not None), default=-1) + 1
+    @staticmethod
+    def after_last_attribute(body: Sequence[cst.BaseStatement]) -> int:
+        return max((i for i, s in enumerate(body) if class_attribute_name(s) is not None), default=-1) + 1
 
-
-def after_attribute(name: str) -> Placement:
-    """Right after the line that binds ``name`` (first in the body when there is none)."""
-    return lambda body: next((i for i, s in enumerate(body) if class_attribute_name(s) == name), -1) + 1
+    @staticmethod
+    def after(name: str) -> Placement:
+        """Right after the line that binds ``name`` (first in the body when there is none)."""
+        return lambda body: next((i for i, s in enumerate(body) if class_attribute_name(s) == name), -1) + 1

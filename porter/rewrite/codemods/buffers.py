@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from hfcheck.porter.rewrite import cstutil as cu
-from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
+from hfcheck.porter.rewrite.codemods.base import Codemod, parse, pretrained_roots, save
 
 WHY = ("from_pretrained in transformers 5 builds on the meta device and leaves a custom module's non-persistent buffers "
        "uninitialised (garbage positions); vLLM recomputes them the same way (init_buffers)")
@@ -40,7 +40,7 @@ class BufferInit(Codemod):
 
     def apply(self, state) -> None:
         index, roles = state.roles()
-        roots = [c for c in index.classes if any(b.rpartition(".")[2] in ("PreTrainedModel", "PretrainedModel") for b in c.bases)]
+        roots = pretrained_roots(index)
         if not roots:
             return
         root = roots[0]

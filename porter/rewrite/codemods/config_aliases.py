@@ -14,13 +14,7 @@ import ast
 import libcst as cst
 
 from hfcheck.analyzer.terms.vocabulary import LAYER_FIELDS
-from hfcheck.porter.rewrite.codemods.base import (
-    Codemod,
-    SetClassAttribute,
-    after_attribute,
-    parse,
-    save,
-)
+from hfcheck.porter.rewrite.codemods.base import Codemod, Place, parse, save, set_class_attribute
 
 CANONICAL = "num_hidden_layers"
 
@@ -50,9 +44,8 @@ class ConfigAliases(Codemod):
             if existing[0] is not cls:
                 mapping = dict(mapping)
         mapping[CANONICAL] = key
-        edit = SetClassAttribute(cls.name, "attribute_map", cst.parse_expression(repr(mapping)), after_attribute("model_type"))
-        module = parse(state, cls.file).visit(edit)
-        if not edit.done:
+        module = set_class_attribute(parse(state, cls.file), cls.name, "attribute_map", cst.parse_expression(repr(mapping)), Place.after("model_type"))
+        if module is None:
             return
         save(state, cls.file, module)
         state.change("v5", cls.file, cls.name, f"attribute_map maps num_hidden_layers to {key}",

@@ -27,6 +27,7 @@ WHY = "vLLM shards q/k/v only as separate projections (qkv fusion) or a packed o
 PROJECTION = "self.{name} = {linear}({in_features}, {out_features}, bias={bias})\n"
 """One of the three projections the packed one is cut into."""
 
+
 class PackedQKV(Codemod):
     name = "packed-qkv"
     codes = ("HFC813",)

@@ -16,13 +16,7 @@ import ast
 
 import libcst as cst
 
-from hfcheck.porter.rewrite.codemods.base import (
-    Codemod,
-    SetClassAttribute,
-    after_docstring,
-    parse,
-    save,
-)
+from hfcheck.porter.rewrite.codemods.base import Codemod, Place, parse, save, set_class_attribute
 
 KEY = "_tied_weights_keys"
 
@@ -61,9 +55,8 @@ class TiedWeights(Codemod):
                 return
             if isinstance(current, dict) and all(current.get(k) == v for k, v in mapping.items()):
                 return
-        edit = SetClassAttribute(cls_name, KEY, cst.parse_expression(repr(mapping)), after_docstring)
-        module = parse(state, info.file).visit(edit)
-        if not edit.done:
+        module = set_class_attribute(parse(state, info.file), cls_name, KEY, cst.parse_expression(repr(mapping)), Place.after_docstring)
+        if module is None:
             return
         save(state, info.file, module)
         state.change("v5", info.file, cls_name, f"{KEY} = {mapping!r} (shared in the original's own run)",
