@@ -339,7 +339,8 @@ class AttentionInterface(Codemod):
                 raise Refused(f"lines {span.start}-{span.end} are not whole statements of one block of {span.method}")
         removed = sum(n for span, n in replaced.items() if span.method == plan.function)
         self._carry_softcap(state, plan)
-        module = cu.edit_class(module, plan.cls, partial(cu.edit_method, name="forward", fn=partial(cu.add_star_kwargs, name=names.kwargs)))
+        calling = "forward" if plan.returns else plan.function  # the method the call now stands in takes the **kwargs it passes on
+        module = cu.edit_class(module, plan.cls, partial(cu.edit_method, name=calling, fn=partial(cu.add_star_kwargs, name=names.kwargs)))
         module = self._split_packed(state, index, cls, module, plan, init_adds)
         for attr, value, position in init_adds:
             module = add_init_assign(module, owner.name, attr, value, position)
