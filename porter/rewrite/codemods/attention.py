@@ -334,7 +334,7 @@ class AttentionInterface(Codemod):
                 reshape]
         spans = _region_spans(plan, names, call)
         module, replaced = cu.replace_spans(module, plan.cls, spans)
-        for span in spans:
+        for span in sorted(spans, key=lambda span: -span.start):  # the lowest unplaced span is named, as before
             if span not in replaced:
                 raise Refused(f"lines {span.start}-{span.end} are not whole statements of one block of {span.method}")
         removed = sum(n for span, n in replaced.items() if span.method == plan.function)
