@@ -1321,3 +1321,83 @@ def test_replace_spans_leaves_a_span_that_is_not_whole_statements_of_one_block(m
     out, replaced = cu.replace_spans(module, "Attention", [span])
     assert replaced == {}
     assert out.code == SPANNED
+
+
+
+# ---------------------------------------------------------------------- a region in a helper of forward
+
+HELPER_ATTENTION = '''import torch
+from torch import nn
+
+
+class Attn(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.head_dim = 8
+        self.q = nn.Linear(16, 16)
+
+    def forward(self, hidden_states, attention_mask=None):
+        # the helper computes the attention
+        out = self._attend(hidden_states, attention_mask)
+        return out
+
+    def _attend(self, hidden_states, attention_mask):
+        q = self.q(hidden_states)
+        # the scores
+        w = torch.matmul(q, q.transpose(2, 3)) * self.head_dim**-0.5
+        w = w + attention_mask
+        w = w.softmax(-1)
+        out = torch.matmul(w, q)
+        return out
+'''
+HELPER_ATTENTION_PORTED = '''class Attn(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.head_dim = 8
+        self.q = nn.Linear(16, 16)
+        self.is_causal = True
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        # the helper computes the attention
+        query_states, key_states, value_states = self._attend(hidden_states, attention_mask)
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, w = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=0.0,
+            scaling=self.head_dim**-0.5,
+            **kwargs,
+        )
+        out = out.reshape(*hidden_states.shape[:-1], -1).contiguous()
+        return out
+
+    def _attend(self, hidden_states, attention_mask):
+        q = self.q(hidden_states)
+        # the scores
+        return q, q, q  # [batch, heads, seq, head_dim]: forward calls the attention
+'''
+
+
+def test_a_region_ending_a_helper_becomes_the_call_in_forward_and_the_helper_returns_q_k_v():
+    """The reference run found the attention at the end of ``_attend``; vLLM reads forward's
+    source, so forward makes the interface call (where it called the helper, keeping the comment
+    above) and the helper returns q, k and v."""
+    from hfcheck.porter.rewrite.dataflow.plan import CorePlan
+    from hfcheck.porter.rewrite.state import PortState
+
+    plan = CorePlan(cls="Attn", file="m.py", start_line=20, end_line=24, block_line=20, q="q", k="q", v="q", out="out", out_layout="bsD",
+                    weights="w", mask="attention_mask", scaling="self.head_dim**-0.5", scaling_init=None, dropout=None,
+                    what="softmax(QK^T)V", max_rel_error=1e-7, function="_attend", returns=True, caller_line=14,
+                    caller_call="self._attend(hidden_states, attention_mask)")
+    state = PortState({"m.py": HELPER_ATTENTION}, {})
+    state.observed = [plan]
+    AttentionInterface().apply(state)
+    assert state.refusals == []
+    ported = state.files["m.py"]
+    assert ported[ported.index("class Attn"):] == HELPER_ATTENTION_PORTED
+    assert "def eager_attention_forward(" in ported and "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS" in ported
