@@ -237,7 +237,7 @@ def replace_in_body(node: Block, old: cst.CSTNode, new: cst.BaseStatement | list
     return with_body(node, body)
 
 
-class _Scoped(cst.CSTTransformer):
+class Scoped(cst.CSTTransformer):
     """Counts the classes and functions a node stands in, so an edit can select a top-level
     class, or a method of the class it is run on, and nothing nested of the same name."""
 
@@ -261,7 +261,7 @@ class _Scoped(cst.CSTTransformer):
         return updated
 
 
-class EditDefinition(_Scoped):
+class EditDefinition(Scoped):
     """The class or function ``name`` (``kind``) standing directly in ``in_classes`` classes and
     no function, replaced by ``fn(definition)``: a top-level class (``in_classes=0``), or a method
     of the class the transformer is run on (``in_classes=1``)."""
@@ -302,7 +302,7 @@ class LineSpan:
     new: tuple[cst.BaseStatement, ...]
 
 
-class ReplaceSpans(_Scoped):
+class ReplaceSpans(Scoped):
     """In the top-level class ``cls``, each ``LineSpan`` of its methods replaced, the comments
     above the first replaced statement kept. Statements are selected by their position in this
     tree (LibCST's PositionProvider), so several spans of one class go in one pass. Run it with

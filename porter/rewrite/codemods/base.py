@@ -133,7 +133,7 @@ Placement = Callable[[Sequence[cst.BaseStatement]], int]
 """Where in a class body a new line goes (its index), given the body."""
 
 
-class SetClassAttribute(m.MatcherDecoratableTransformer):
+class SetClassAttribute(cu.Scoped):
     """``attr = value`` in the body of the top-level class ``cls``: the value of an existing
     assignment is replaced (the line keeps its comments and annotation), else a new line goes
     where ``place`` says. ``done`` tells whether the class was found."""
@@ -142,14 +142,10 @@ class SetClassAttribute(m.MatcherDecoratableTransformer):
         super().__init__()
         self.cls, self.attr, self.value, self.place = cls, attr, value, place
         self.done = False
-        self.depth = 0
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.depth += 1
 
     def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
-        self.depth -= 1
-        if self.depth or updated.name.value != self.cls:
+        updated = super().leave_ClassDef(original, updated)
+        if self.classes or self.functions or updated.name.value != self.cls:
             return updated
         self.done = True
         body = cu.body_of(updated)
