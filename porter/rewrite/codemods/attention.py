@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -249,16 +250,19 @@ class AttentionInterface(Codemod):
         index = state.index()
         for cls in index.classes:
             forward = cls.methods.get("forward")
-            if (state.built_classes.get(cls.name) or cls.name in ported or forward is None or index.is_pretrained_model(cls)
-                    or attention_by_hand(index.file_of(cls), forward) is None):
+            if state.built_classes.get(cls.name) or cls.name in ported or forward is None or index.is_pretrained_model(cls):
                 continue
-            if self._remove_class(state, cls):
+            computes_attention = attention_by_hand(index.file_of(cls), forward) is not None
+            if not computes_attention and state.built_classes.get(cls.name) is not False:
+                continue  # neither attention nor a weightless module the original built
+            if self._remove_class(state, cls, only_if_assigned=not computes_attention):
                 removed.add(cls.name)
         return removed
 
-    def _remove_class(self, state, cls) -> bool:
+    def _remove_class(self, state, cls, only_if_assigned: bool = False) -> bool:
         """Remove ``cls`` and the ``self.<attr> = cls(...)`` that build it, when no other code
-        names the class or reads those attributes."""
+        names the class or reads those attributes (``only_if_assigned``: and at least one such
+        attribute exists, so a class built elsewhere, in a list, is kept)."""
         texts = dict(state.files)
         attrs: set[str] = set()
         for text in texts.values():
@@ -268,6 +272,8 @@ class AttentionInterface(Codemod):
                         and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == "self"
                         and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and node.value.func.id == cls.name):
                     attrs.add(node.targets[0].attr)
+        if only_if_assigned and not attrs:
+            return False
         for text in texts.values():
             tree = ast.parse(text)
             own = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.name]
@@ -326,7 +332,8 @@ class AttentionInterface(Codemod):
         if plan.groups and not assigned(index, cls, "num_key_value_groups"):
             init_adds.append(("num_key_value_groups", plan.groups, "end"))
         names = _RegionNames.free_in(forward, cu.the_method(classdef, plan.function), plan)
-        reshape = _reshape_output(plan, forward)
+        shape, keep_shape = _input_shape(forward, cu.names_in(forward))
+        reshape = _reshape_output(plan, forward, shape)
         softcap = [("softcap", "self.config.attn_logit_softcapping")] if plan.softcap is not None else []
         call = [cu.template(GET_INTERFACE, iface=names.iface, eager=self._eager_name(module)),
                 _interface_call(plan.out, names.weights, names.iface, [names.q, names.k, names.v, plan.mask],
@@ -339,6 +346,8 @@ class AttentionInterface(Codemod):
                 raise Refused(f"lines {span.start}-{span.end} are not whole statements of one block of {span.method}")
         removed = sum(n for span, n in replaced.items() if span.method == plan.function)
         self._carry_softcap(state, plan)
+        if keep_shape is not None:
+            module = cu.edit_class(module, plan.cls, partial(cu.edit_method, name="forward", fn=_first_in_forward(keep_shape)))
         calling = "forward" if plan.returns else plan.function  # the method the call now stands in takes the **kwargs it passes on
         module = cu.edit_class(module, plan.cls, partial(cu.edit_method, name=calling, fn=partial(cu.add_star_kwargs, name=names.kwargs)))
         module = self._split_packed(state, index, cls, module, plan, init_adds)
@@ -681,15 +690,17 @@ VIEW = {
 }
 """Each of q, k and v after the split, in the layout the statements after it read."""
 RESHAPE = {
-    "bsD": "{o} = {o}.reshape(*{x}.shape[:-1], -1).contiguous()\n",
-    "bshd": "{o} = {o}.reshape(*{x}.shape[:-1], -1, {head})\n",
-    "bhsd": "{o} = {o}.reshape(*{x}.shape[:-1], -1, {head}).transpose(1, 2)\n",
-    "sbD": "{o} = {o}.reshape({x}.shape[1], {x}.shape[0], -1).transpose(0, 1).contiguous()\n",
-    "sbhd": "{o} = {o}.reshape({x}.shape[1], {x}.shape[0], -1, {head}).transpose(0, 1)\n",
+    "bsD": "{o} = {o}.reshape(*{shape}[:-1], -1).contiguous()\n",
+    "bshd": "{o} = {o}.reshape(*{shape}[:-1], -1, {head})\n",
+    "bhsd": "{o} = {o}.reshape(*{shape}[:-1], -1, {head}).transpose(1, 2)\n",
+    "sbD": "{o} = {o}.reshape({shape}[1], {shape}[0], -1).transpose(0, 1).contiguous()\n",
+    "sbhd": "{o} = {o}.reshape({shape}[1], {shape}[0], -1, {head}).transpose(0, 1)\n",
 }
 """The interface returns [batch, seq, heads, head_dim] in transformers and [tokens, heads * head_dim]
 in vLLM: the output is reshaped by the layer input's own shape, as transformers' models do, into
-the layout the statements after the region expect."""
+the layout the statements after the region expect. ``{shape}``: the input's shape as forward
+received it (``x.shape``, or ``input_shape`` kept first where forward rebinds ``x``)."""
+INPUT_SHAPE = "{name} = {x}.shape  # as forward received it (hfcheck port: the attention output is reshaped by it)\n"
 
 
 NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
@@ -739,14 +750,33 @@ class _RegionNames:
                    q=q, k=k, v=v, kwargs=cu.star_kwargs(forward) or "kwargs")
 
 
-def _reshape_output(plan, forward: cst.FunctionDef) -> cst.BaseStatement:
-    params = cu.param_names(forward)
-    if len(params) < 2:
-        raise Refused("forward takes no input to read the token shape from")
+def _reshape_output(plan, forward: cst.FunctionDef, shape: str) -> cst.BaseStatement:
     if plan.out_layout in ("bshd", "bhsd", "sbhd") and plan.head_attr is None:
         raise Refused("the statements after the attention want heads split, and the module keeps no head size attribute")
     head = {"head": plan.head_attr} if plan.head_attr is not None and plan.out_layout in ("bshd", "bhsd", "sbhd") else {}
-    return cu.template(RESHAPE[plan.out_layout], o=plan.out, x=params[1], **head)
+    return cu.template(RESHAPE[plan.out_layout], o=plan.out, shape=shape, **head)
+
+
+def _input_shape(forward: cst.FunctionDef, taken: set[str]) -> tuple[str, cst.BaseStatement | None]:
+    """How the rewritten code reads the input's shape: ``x.shape``, or, where forward rebinds
+    ``x`` (``hidden_states = hidden_states.transpose(0, 1)``), a name bound to it first."""
+    params = cu.param_names(forward)
+    if len(params) < 2:
+        raise Refused("forward takes no input to read the token shape from")
+    x = params[1]
+    rebound = m.findall(forward, m.AssignTarget(target=m.Name(x)) | m.AugAssign(target=m.Name(x)))
+    if not rebound:
+        return f"{x}.shape", None
+    name = next(n for n in ("input_shape", "_input_shape", "_hfcheck_input_shape") if n not in taken)
+    return name, cu.template(INPUT_SHAPE, name=name, x=x)
+
+
+def _first_in_forward(statement: cst.BaseStatement) -> Callable[[cst.FunctionDef], cst.FunctionDef]:
+    def insert(func: cst.FunctionDef) -> cst.FunctionDef:
+        body = cu.body_of(func)
+        at = 1 if body and m.matches(body[0], cu.DOCSTRING) else 0
+        return cu.with_body(func, body[:at] + [statement] + body[at:])
+    return insert
 
 
 def _region_spans(plan, names: _RegionNames, call: list[cst.BaseStatement]) -> list[cu.LineSpan]:
