@@ -452,6 +452,34 @@ def test_an_original_written_for_gpus_gets_what_its_cpu_path_needs():
     assert "flash_attn" in (reference.run.result.get("gpu_shims") or {}).get("stubbed", [])
 
 
+def test_a_gpu_written_original_is_rewritten_and_proven_with_its_own_conventions(tmp_path, capsys):
+    """TeleChat-7B (real code, 4.30), --path rewrite. Four things of its own, each general:
+    - its flash class (no weights) builds an assert on flash-attn in __init__; once the region is
+      rewritten nothing reads it, so it goes with the attribute that built it (else the ported
+      model does not build);
+    - forward transposes its input to [seq, batch, hidden] first: the output is reshaped by the
+      shape forward received, kept before that;
+    - its bool mask is True where masked (``masked_fill(scores, mask, min)``), the interface's
+      keeps where True: the mask is passed inverted, read off the recorded run (with it passed
+      as it was, the logits differ by 1.4);
+    - its past length reads the head size of its own cache, harmless in 4.x, whose generate always
+      passed the all-ones mask; transformers 5's drops it, so prepare_inputs_for_generation passes
+      it on again (else the cached generate fails on a 13 vs 17 mask)."""
+    out = tmp_path / "out"
+    code, result = port_json(PUBLISHED / "telechat-7b", out, capsys, "--path", "rewrite")
+    assert code == 0 and result["status"] == "ported", result["message"]
+    assert_proven(result)
+    assert {c["name"]: c["ok"] for c in result["proof"]["checks"]}["greedy generate, 4 tokens with the KV cache"] is True
+    ported = (out / "modeling_telechat.py").read_text()
+    assert "class FlashSelfAttention" not in ported and "core_attention_flash" not in ported
+    assert "input_shape = hidden_states.shape" in ported and "reshape(*input_shape[:-1], -1)" in ported
+    assert "None if attention_mask is None else ~attention_mask," in ported
+    assert "attention_mask = torch.ones_like(input_ids)" in ported
+    whats = [c["what"] for c in result["changes"]]
+    assert any("removed FlashSelfAttention and self.core_attention_flash: it holds no weights" in w for w in whats)
+    assert result["served"]["how"] == "transformers-backend"
+
+
 def test_non_empty_output_folder_is_an_error(tmp_path, capsys):
     src = copy_fixture("legacy", tmp_path)
     out = tmp_path / "out"
@@ -826,3 +854,19 @@ def test_gpt2_style_code_under_its_own_model_type_retargets_to_gpt2(tmp_path, ca
     plan = json.loads((out / "weight_plan.json").read_text())["recipes"]
     c_fc = next(r for r in plan if r["out"] == "transformer.h.{i}.mlp.c_fc.weight")
     assert c_fc["transpose"] and c_fc["cat"][0]["transpose"]  # Conv1D in, Conv1D out
+
+
+def test_a_bool_mask_is_read_for_its_convention_off_the_recorded_weights():
+    """The mask a region received is inverted for the interface only when the recorded weights are
+    0 exactly where it is True; a keep-where-True bool mask and an additive float mask pass as they are."""
+    import torch
+
+    from hfcheck.porter.rewrite.dataflow.region import _masks_where_true
+
+    scores = torch.randn(1, 2, 4, 4)
+    future = torch.ones(4, 4, dtype=torch.bool).triu(1)[None, None]
+    probs = scores.masked_fill(future, torch.finfo(scores.dtype).min).softmax(-1)
+    assert _masks_where_true(future, probs)
+    assert not _masks_where_true(~future, probs)  # True where kept: the interface's own convention
+    assert not _masks_where_true(future.float() * -1e9, probs)  # additive
+    assert not _masks_where_true(future, scores.softmax(-1))  # nothing masked in the run: no evidence

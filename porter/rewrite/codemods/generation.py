@@ -90,10 +90,8 @@ class TupleCache(Codemod):
                     body = cu.body_of(func)
                     at = 1 if body and cu.code(body[0]).lstrip().startswith(('"""', "'''", 'r"""')) else 0
                     body.insert(at, cu.template("past_key_values = {shim}(past_key_values)  # a transformers 5 Cache -> this code's tuples\n", shim=SHIM))
-                    kw = cu.star_kwargs(func)
-                    if func.name.value == "prepare_inputs_for_generation" and kw and f'{kw}.get("position_ids"' in cu.code(func):
-                        # 4.x's generate passed no position_ids; v5's (the prompt's, never cut) would override the ones this code derives
-                        body.insert(at + 1, cu.template('{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n', kw=kw))
+                    if func.name.value == "prepare_inputs_for_generation":
+                        body[at + 1:at + 1] = _as_4x_generate_passed(func)
                     return cu.with_body(func, body)
 
                 module = cu.edit_class(module, name, partial(cu.edit_method, name=method, fn=add_first))
@@ -101,7 +99,39 @@ class TupleCache(Codemod):
                 fn = cu.template(SHIM_DEF, name=SHIM).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
                 first = next(s.name.value for s in module.body if isinstance(s, cst.ClassDef))
                 module = cu.insert_before_class(module, first, [fn])
+            if any(method == "prepare_inputs_for_generation" and _takes_mask(index.files[file].classes[name].methods[method])
+                   for name, method in targets):
+                module = cu.ensure_import(module, "import torch\n", "torch")
             save(state, file, module)
             for name, method in targets:
                 state.change("HFC811", file, f"{name}.{method}", f"maps the empty Cache transformers 5's generate passes to None ({SHIM})",
                              "4.x-era code indexes past_key_values as tuples (and tests it for truth); v5's generate starts it as a DynamicCache")
+                if method == "prepare_inputs_for_generation" and _takes_mask(index.files[file].classes[name].methods[method]):
+                    state.change("HFC811", file, f"{name}.{method}", "passes the all-ones attention mask on when generate gives none",
+                                 "transformers 5's generate drops an all-ones mask that 4.x always passed; 4.x code then sizes its own "
+                                 "mask by the past length it computes")
+
+
+RESTORE_MASK = cu.template(
+    "if attention_mask is None and input_ids is not None:  # as in 4.x: transformers 5's generate drops an all-ones mask\n"
+    "    attention_mask = torch.ones_like(input_ids)\n")
+
+
+def _takes_mask(prep: ast.FunctionDef) -> bool:
+    params = [a.arg for a in prep.args.args + prep.args.kwonlyargs]
+    return "attention_mask" in params and "input_ids" in params
+
+
+def _as_4x_generate_passed(prep: cst.FunctionDef) -> list[cst.BaseStatement]:
+    """What 4.x's generate handed ``prepare_inputs_for_generation`` and 5's does not: the all-ones
+    attention mask (5 drops it, and 4.x code then builds one sized by its own past length, which
+    some compute wrongly: TeleChat reads the head size), and no ``position_ids`` (5 passes the
+    prompt's, never cut, which would override the ones this code derives from the mask)."""
+    added = []
+    params = [p.name.value for p in (*prep.params.params, *prep.params.kwonly_params)]
+    if "attention_mask" in params and "input_ids" in params:
+        added.append(RESTORE_MASK)
+    kw = cu.star_kwargs(prep)
+    if kw and f'{kw}.get("position_ids"' in cu.code(prep):
+        added.append(cu.template('{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n', kw=kw))
+    return added

@@ -298,16 +298,40 @@ def _region(g: Dataflow, core: Core, scope: Scope, end: RegionEnd, start: int) -
 
 def _mask_argument(g: Dataflow, core: Core, func: ast.FunctionDef, before: dict[str, int | None]) -> str:
     """The forward parameter to pass as the attention mask: the one the original used (or that
-    was None in the run), else None (the original's branch applied only the causal mask)."""
+    was None in the run), else None (the original's branch applied only the causal mask); a bool
+    mask the original read as True-where-masked goes in inverted, the interface's convention."""
     params = [a.arg for a in func.args.args + func.args.kwonlyargs]
     used = g.ancestors(core.scores) if core.scores is not None else g.ancestors(core.out)
     for name in params:
         if "mask" not in name or "head" in name:
             continue
-        node = before.get(name, "absent")
-        if node is None or (node != "absent" and node in used):
+        if name not in before:
+            continue
+        node = before[name]
+        if node is None:
+            return name
+        if node in used:
+            if core.softmax_op is not None and _masks_where_true(g.value(node), g.value(g.ops[core.softmax_op]["out"][0])):
+                # a Bloom-style bool mask, True where masked; the interface keeps where True
+                return f"None if {name} is None else ~{name}"
             return name
     return "None"
+
+
+def _masks_where_true(mask: Any, probs: Any) -> bool:
+    """Whether the recorded bool ``mask`` is True exactly where the recorded attention weights are 0
+    (the positions it masked): the convention of ``masked_fill(scores, mask, min)``, the opposite of
+    the attention interface's, which keeps the positions where a bool mask is True."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor) or not isinstance(probs, torch.Tensor) or mask.dtype != torch.bool:
+        return False
+    if mask.dim() < 2 or probs.dim() < 2 or mask.shape[-2:] != probs.shape[-2:]:
+        return False
+    q, k = probs.shape[-2:]
+    masked = probs.reshape(-1, q, k)[0] == 0
+    flagged = mask.reshape(-1, q, k)[0]
+    return bool(masked.any()) and bool(torch.equal(masked, flagged))
 
 
 def _dropout(g: Dataflow, core: Core, owner: str | None) -> str | None:
