@@ -8,7 +8,8 @@ they were. A codemod records a ``Change`` per edit (finding code, where, what, w
 
 Order matters: attention first (it removes direct flash/SDPA calls, so the import clean-up
 that follows can drop the imports they needed), then the removed v4 APIs and unguarded
-imports, the `.cuda()` calls the loader makes needless, config key aliases v5 reads, the tied parameters v5 ties only when declared, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
+imports, the `.cuda()` calls the loader makes needless, config key aliases v5 reads, the 4.x config
+attributes and rope_scaling value v5 no longer gives, the tied parameters v5 ties only when declared, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
 qkv fusion, the backend
 flag (only once every attention module dispatches), the fused q/k/v split, the experts, the
 decoder-layer lists, the v5 buffer initialisation, and last the parallel plans, read off the final module structure.
@@ -20,6 +21,7 @@ from hfcheck.porter.rewrite.codemods.attention import AttentionInterface
 from hfcheck.porter.rewrite.codemods.backend_flag import BackendFlag
 from hfcheck.porter.rewrite.codemods.buffers import BufferInit
 from hfcheck.porter.rewrite.codemods.config_aliases import ConfigAliases
+from hfcheck.porter.rewrite.codemods.config_v4 import DroppedConfigDefaults, LegacyRopeScaling
 from hfcheck.porter.rewrite.codemods.device_placement import DevicePlacement
 from hfcheck.porter.rewrite.codemods.experts import ExpertsLayout
 from hfcheck.porter.rewrite.codemods.generation import GenerationBase, TupleCache
@@ -39,6 +41,8 @@ CODEMODS = (
     HeadMask,
     DevicePlacement,
     ConfigAliases,
+    DroppedConfigDefaults,
+    LegacyRopeScaling,
     TiedWeights,
     GenerationBase,
     TupleCache,

@@ -14,6 +14,7 @@ import re
 from functools import partial
 
 import libcst as cst
+import libcst.matchers as m
 
 from hfcheck.porter.rewrite import cstutil as cu
 from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
@@ -56,6 +57,18 @@ SHIM_DEF = '''def {name}(past):
 '''
 
 
+def _indexed_params(func: ast.FunctionDef, passed_to: set[str] | None = None) -> set[str]:
+    """The parameters ``func`` indexes (``past_key_values[0]``), or passes by keyword to a
+    parameter of that name which a forward of the file indexes (``kv_caches=past_key_values``,
+    ChatGLM's encoder then reads ``kv_caches[index]``)."""
+    params = {a.arg for a in func.args.args + func.args.kwonlyargs}
+    found = {n.value.id for n in ast.walk(func) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in params}
+    for call in (n for n in ast.walk(func) if isinstance(n, ast.Call)):
+        found |= {k.value.id for k in call.keywords
+                  if k.arg in (passed_to or set()) and isinstance(k.value, ast.Name) and k.value.id in params}
+    return found
+
+
 class TupleCache(Codemod):
     """HFC811: a forward that indexes ``past_key_values`` as 4.x tuples (``past_key_values[0][0]``)
     receives a ``DynamicCache`` from transformers 5's generate on its first step and fails
@@ -70,14 +83,14 @@ class TupleCache(Codemod):
     def apply(self, state) -> None:
         index = state.index()
         for file, text in list(state.files.items()):
-            if "past_key_values[" not in text:
+            if "past_key_values" not in text:
                 continue
+            classes = index.files[file].classes.values()
+            indexed = {p for cls in classes if "forward" in cls.methods for p in _indexed_params(cls.methods["forward"])}
             targets = []  # (class, method): forwards that index the tuples, and the generation hook that tests them for truth
-            for cls in index.files[file].classes.values():
+            for cls in classes:
                 forward = cls.methods.get("forward")
-                if forward is not None and "past_key_values" in [a.arg for a in forward.args.args + forward.args.kwonlyargs] and any(
-                        isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "past_key_values"
-                        for n in ast.walk(forward)):
+                if forward is not None and "past_key_values" in _indexed_params(forward, passed_to=indexed):
                     targets.append((cls.name, "forward"))
                 prep = cls.methods.get("prepare_inputs_for_generation")
                 if prep is not None and "past_key_values" in [a.arg for a in prep.args.args + prep.args.kwonlyargs]:
@@ -95,6 +108,9 @@ class TupleCache(Codemod):
                     return cu.with_body(func, body)
 
                 module = cu.edit_class(module, name, partial(cu.edit_method, name=method, fn=add_first))
+            updates = [c.name for c in classes if "_update_model_kwargs_for_generation" in c.methods]
+            for name in updates:
+                module = cu.edit_class(module, name, partial(cu.edit_method, name="_update_model_kwargs_for_generation", fn=_mask_may_be_none))
             if SHIM not in cu.bound_names(module):
                 fn = cu.template(SHIM_DEF, name=SHIM).with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
                 first = next(s.name.value for s in module.body if isinstance(s, cst.ClassDef))
@@ -103,6 +119,9 @@ class TupleCache(Codemod):
                    for name, method in targets):
                 module = cu.ensure_import(module, "import torch\n", "torch")
             save(state, file, module)
+            for name in updates:
+                state.change("HFC811", file, f"{name}._update_model_kwargs_for_generation", "extends the attention mask only where there is one",
+                             "transformers 5's generate keeps the key with None where the mask was all ones (4.x always passed it)")
             for name, method in targets:
                 state.change("HFC811", file, f"{name}.{method}", f"maps the empty Cache transformers 5's generate passes to None ({SHIM})",
                              "4.x-era code indexes past_key_values as tuples (and tests it for truth); v5's generate starts it as a DynamicCache")
@@ -135,3 +154,11 @@ def _as_4x_generate_passed(prep: cst.FunctionDef) -> list[cst.BaseStatement]:
     if kw and f'{kw}.get("position_ids"' in cu.code(prep):
         added.append(cu.template('{kw}.pop("position_ids", None)  # as in 4.x: this code derives them from the mask\n', kw=kw))
     return added
+
+
+def _mask_may_be_none(func: cst.FunctionDef) -> cst.FunctionDef:
+    """``"attention_mask" in model_kwargs`` -> ``model_kwargs.get("attention_mask") is not None``."""
+    test = m.Comparison(left=m.SimpleString('"attention_mask"') | m.SimpleString("'attention_mask'"),
+                        comparisons=[m.ComparisonTarget(operator=m.In(), comparator=m.Name())])
+    return cst.ensure_type(m.replace(func, test, lambda node, _: cu.template_expr(
+        '{kwargs}.get("attention_mask") is not None', kwargs=cst.ensure_type(node, cst.Comparison).comparisons[0].comparator)), cst.FunctionDef)

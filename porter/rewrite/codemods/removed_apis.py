@@ -9,7 +9,9 @@
   ``LlamaSdpaAttention`` -> ``LlamaAttention``, ``transformers.utils.fx`` imports (when unused);
 - ``DynamicCache.from_legacy_cache(x)`` -> ``DynamicCache(config=self.config)``,
   ``cache.to_legacy_cache()`` -> ``cache``, ``cache.get_usable_length(n, i)`` ->
-  ``cache.get_seq_length(i)``, ``cache.seen_tokens`` -> ``cache.get_seq_length()``;
+  ``cache.get_seq_length(i)``, ``cache.seen_tokens`` -> ``cache.get_seq_length()``, and
+  GenerationMixin's ``self._extract_past_from_model_output(outputs, ...)`` (gone in 5, called
+  by 4.x code overriding ``_update_model_kwargs_for_generation``) -> ``outputs.past_key_values``;
 - an unconditional import of a CUDA-only package that is not installed (flash_attn, xformers, ...)
   is deleted when nothing uses what it binds, else guarded (``if is_flash_attn_2_available():``,
   or ``try/except ImportError``), which transformers' ``check_imports`` skips.
@@ -187,6 +189,9 @@ class RemovedApis(Codemod):
                 if attr == "to_legacy_cache" and not updated.args:
                     done.append("cache.to_legacy_cache() -> the cache itself")
                     return func.value
+                if attr == "_extract_past_from_model_output" and cu.dotted(func.value) == "self" and updated.args:
+                    done.append("self._extract_past_from_model_output(outputs, ...) -> outputs.past_key_values (what it returned for a decoder)")
+                    return cst.Attribute(updated.args[0].value, cst.Name("past_key_values"))
                 if attr == "get_usable_length":
                     layer = updated.args[1].value if len(updated.args) > 1 else None
                     done.append("cache.get_usable_length(n, i) -> cache.get_seq_length(i)")
