@@ -37,12 +37,9 @@ from hfcheck.analyzer.facts import collect_facts
 from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.remote import has_remote_code
 from hfcheck.analyzer.remote.checks import code_findings, static_findings
-from hfcheck.analyzer.remote.index import CodeIndex
 from hfcheck.analyzer.remote.roles import base_of_head
 from hfcheck.analyzer.sources import SourceError, resolve
 from hfcheck.analyzer.terms import vocabulary as V
-from hfcheck.analyzer.vllm.native_fit import native_fit
-from hfcheck.analyzer.vllm.registry import vllm_has_native
 from hfcheck.porter.output import weights as W
 from hfcheck.porter.output.lint import lint_port
 from hfcheck.porter.output.render import render_markdown
@@ -176,7 +173,7 @@ def _open_source(src: str) -> tuple[ModelSource, ModelFacts]:
     except SourceError as exc:
         raise PortError(str(exc)) from None
     try:
-        facts, _ = collect_facts(source.config)
+        facts, _ = collect_facts(source.config, source.code_files)
     except FactsError as exc:
         raise PortError(f"{src}: {exc}") from None
     return source, facts
@@ -194,7 +191,7 @@ def _native_transformers_message(facts: ModelFacts, source: ModelSource) -> str:
 
 def _native_check(facts: ModelFacts, source: ModelSource) -> NativeCheck:
     """Whether vLLM's native class fits the model (recorded in the result's model facts)."""
-    native = served_natively(facts, source)
+    native = served_natively(facts)
     return NativeCheck() if native is None else NativeCheck(*native)
 
 
@@ -550,29 +547,17 @@ def _err(check: dict) -> str:
 # ---------------------------------------------------------------------- decisions
 
 
-def served_natively(facts, source) -> tuple[bool, str] | None:
+def served_natively(facts: ModelFacts) -> tuple[bool, str] | None:
     """Whether vLLM's native class of this architecture name computes the model (None: vLLM
-    has no native class of that name). Judged with the remote config class's own attributes
-    beside config.json's keys (``native_fit``): a registry name kept for another generation of
-    the architecture (ChatGLM-6B v1 under ``ChatGLMModel``) is not served natively."""
+    has no native class of that name): the facts' answer, the one scan reports. A registry name
+    kept for another generation of the architecture (ChatGLM-6B v1 under ``ChatGLMModel``) is
+    not served natively."""
 
-    archs = list(source.config.get("architectures") or [])
-    native, version = vllm_has_native(archs)
-    if not native:
+    if facts.vllm_native_mismatch:
+        return False, facts.vllm_native_mismatch
+    if not facts.vllm_native:
         return None
-    arch = archs[0]
-    keys: set[str] = set()
-    ref = (source.config.get("auto_map") or {}).get("AutoConfig")
-    if isinstance(ref, str) and "." in ref:
-        module, _, name = ref.partition("--")[2].rpartition(".") if "--" in ref else ref.rpartition(".")
-        index = CodeIndex(dict(source.code_files))
-        file = index.by_module.get(module.rpartition(".")[2])
-        cls = file.classes.get(name) if file is not None else None
-        keys = set(cls.self_assigns) if cls is not None else set()
-    fit = native_fit(arch, source.config, keys)
-    if fit is not None and not fit.fits:
-        return False, fit.describe()
-    return True, f"vLLM {version} serves {arch} with its own native implementation"
+    return True, f"vLLM {facts.vllm_table_version} serves {facts.architectures[0]} with its own native implementation"
 
 
 def _model_refusal(facts, source, static_findings) -> str | None:

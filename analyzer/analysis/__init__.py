@@ -77,7 +77,7 @@ def analyse(source: ModelSource, trust_remote_code: bool = False, sandbox_timeou
     process, and only with ``trust_remote_code``."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    facts, cfg_obj = collect_facts(source.config)
+    facts, cfg_obj = collect_facts(source.config, source.code_files)
     processor = collect_processor_facts(source.processor, source.config) if facts.multimodal or source.processor.has_processor_config else None
     timings["facts"] = time.perf_counter() - t0
     cls, origin = resolve_transformers_class(facts)

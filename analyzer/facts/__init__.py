@@ -22,6 +22,7 @@ from hfcheck.analyzer.facts.config_fields import (
 )
 from hfcheck.analyzer.facts.errors import FactsError
 from hfcheck.analyzer.facts.layer_types import layer_types as derive_layer_types
+from hfcheck.analyzer.remote.index import config_class_keys
 from hfcheck.analyzer.terms import vocabulary as V
 from hfcheck.analyzer.vllm.native_fit import native_fit
 from hfcheck.analyzer.vllm.registry import resolve_auto
@@ -202,8 +203,9 @@ def _scaling(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value else 1.0
 
 
-def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
-    """(facts, transformers config object or None) for a parsed config.json.
+def collect_facts(config: dict[str, Any], code_files: dict[str, str] | None = None) -> tuple[ModelFacts, Any]:
+    """(facts, transformers config object or None) for a parsed config.json (and the remote code
+    beside it, whose config class may set keys config.json lacks: read, never run).
 
     The config is type-checked first, once (``config_fields.check_config``); every value read
     after that is of the type its fact declares."""
@@ -218,7 +220,7 @@ def collect_facts(config: dict[str, Any]) -> tuple[ModelFacts, Any]:
     num_experts = _count(get(*V.EXPERT_COUNT_FIELDS, default=0)) or 0
     quant = _quantization(config, text)
     dtype = config.get("torch_dtype") or config.get("dtype") or get("torch_dtype", "dtype") or "bfloat16"
-    native = _vllm_native_fields(config)
+    native = _vllm_native_fields(config, config_class_keys(config, code_files or {}))
     types = derive_layer_types(text)
     facts = ModelFacts(
         **_identity_fields(config, cfg_obj, model_type, text_type),
@@ -283,14 +285,16 @@ def _quantization(config: dict[str, Any], text: Any) -> dict[str, Any]:
     return quant if isinstance(quant, dict) else {}
 
 
-def _vllm_native_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM's registry does with the architecture under ``--model-impl auto``, and whether a native class computes this model."""
+def _vllm_native_fields(config: dict[str, Any], class_keys: frozenset[str]) -> dict[str, Any]:
+    """What vLLM's registry does with the architecture under ``--model-impl auto``, and whether a
+    native class computes this model: the one answer scan and port give (``class_keys``: what the
+    remote config class sets itself)."""
     resolution = resolve_auto(list(config.get("architectures") or []))
     native, table_version = resolution.native, resolution.version
     mismatch = None
     if native and config.get("auto_map"):  # a Hub repo's own code under a registry name: is it the generation vLLM implements?
 
-        fit = native_fit(str((config.get("architectures") or [""])[0]), config)
+        fit = native_fit(str((config.get("architectures") or [""])[0]), config, class_keys)
         if fit is not None and not fit.fits:
             native, mismatch = False, fit.describe()
     return {"vllm_native": native, "vllm_native_mismatch": mismatch, "vllm_table_version": table_version,

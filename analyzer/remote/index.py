@@ -352,3 +352,18 @@ class CodeIndex:
                 if found is not None and not any(found is o for o in out):
                     out.append(found)
         return out
+
+
+def config_class_keys(config: dict, code_files: dict[str, str]) -> frozenset[str]:
+    """The attributes the remote config class (``auto_map["AutoConfig"]``) sets on itself:
+    the config object a loader reads has them beside config.json's keys."""
+    ref = (config.get("auto_map") or {}).get("AutoConfig")
+    if not code_files or not isinstance(ref, str) or "." not in ref:
+        return frozenset()
+    module, _, name = (ref.partition("--")[2] if "--" in ref else ref).rpartition(".")
+    try:
+        file = CodeIndex(dict(code_files)).by_module.get(module.rpartition(".")[2])
+    except SyntaxError:
+        return frozenset()
+    cls = file.classes.get(name) if file is not None else None
+    return frozenset(cls.self_assigns) if cls is not None else frozenset()
