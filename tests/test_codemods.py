@@ -28,12 +28,14 @@ from hfcheck.porter.rewrite.codemods import (
     BufferInit,
     ConfigAliases,
     DevicePlacement,
+    DroppedConfigDefaults,
     ExpertsLayout,
     GenerationBase,
     HeadMask,
     InlineProjectionHelpers,
     KwargsPropagation,
     LayerIndex,
+    LegacyRopeScaling,
     PackedQKV,
     ParallelPlans,
     RemovedApis,
@@ -582,6 +584,67 @@ class ConfigAliasesTest(PortCodemodTest):
         self.assertPorts(before, after, file=CONFIGURATION_FILE, config=config)
 
 
+# ---------------------------------------------------------------------- DroppedConfigDefaults, LegacyRopeScaling (v5)
+
+class DroppedConfigDefaultsTest(PortCodemodTest):
+    TRANSFORM = DroppedConfigDefaults
+
+    def test_reads_take_what_4x_gave(self):
+        """``pad_token_id`` (not in config.json: 4.x's default, None) and ``use_cache`` (in
+        config.json, which 5 drops while loading) become getattr reads; a generation config's
+        ``max_length`` is not a config and stays."""
+        before = MODEL.replace("        self.post_init()\n",
+                               "        self.padding_idx = config.pad_token_id\n        self.cache = self.config.use_cache\n"
+                               "        self.limit = generation_config.max_length\n        self.post_init()\n", 1)
+        after = before.replace("config.pad_token_id", "getattr(config, 'pad_token_id', None)").replace(
+            "self.config.use_cache", "getattr(self.config, 'use_cache', True)")
+        self.assertPorts(modeling(model=before), modeling(model=after), config={**CONFIG, "use_cache": True})
+
+    def test_what_the_config_sets_itself_is_left_alone(self):
+        configuration = CONFIGURATION.replace("        super().__init__(**kwargs)\n", "        self.pad_token_id = 0\n        super().__init__(**kwargs)\n")
+        model = MODEL.replace("        self.post_init()\n", "        self.padding_idx = config.pad_token_id\n        self.post_init()\n", 1)
+        self.assertLeavesAlone(modeling(model=model), warnings=[], files={CONFIGURATION_FILE: configuration})
+
+
+ROPE_HELPER = '''
+def legacy_rope_scaling(config):
+    """config.rope_scaling as transformers 4.x read it: None where config.json set none, else its
+    own keys. transformers 5 gives {"rope_type": "default", "rope_theta": ...} there and adds
+    those two keys to a scaled one (added by hfcheck port)."""
+    scaling = getattr(config, "rope_scaling", None)
+    if not scaling or scaling.get("rope_type", scaling.get("type")) == "default":
+        return None
+    legacy = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    if "type" in legacy:
+        legacy.pop("rope_type", None)
+    return legacy
+'''
+
+
+class LegacyRopeScalingTest(PortCodemodTest):
+    TRANSFORM = LegacyRopeScaling
+
+    def test_reads_of_the_config_go_through_the_4x_view(self):
+        """The 4.x guard-then-index idiom reads ``legacy_rope_scaling(config)``, defined once above
+        the first class; the module's own copy (``self.rope_scaling``, not a config) stays."""
+        scaled = ("        self.rope_scaling = config.rope_scaling\n"
+                  "        if self.rope_scaling is None:\n            self.rope_factor = 1.0\n"
+                  "        else:\n            self.rope_factor = self.rope_scaling[\"factor\"]\n        self.post_init()\n")
+        before = MODEL.replace("        self.post_init()\n", scaled, 1)
+        after = before.replace("= config.rope_scaling", "= legacy_rope_scaling(config)")
+        self.assertPorts(modeling(model=before), join(IMPORTS, EAGER, ROPE_HELPER, MLP, ATTENTION, LAYER, PRETRAINED, after, CAUSAL_LM))
+
+    def test_a_config_class_reads_itself_through_it_and_keeps_its_store(self):
+        before = CONFIGURATION.replace("        super().__init__(**kwargs)\n",
+                                       "        self.rope_scaling = kwargs.pop(\"rope_scaling\", None)\n"
+                                       "        if self.rope_scaling is not None and len(self.rope_scaling) != 2:\n"
+                                       "            raise ValueError(\"type and factor\")\n        super().__init__(**kwargs)\n")
+        after = before.replace("if self.rope_scaling is not None and len(self.rope_scaling)",
+                               "if legacy_rope_scaling(self) is not None and len(legacy_rope_scaling(self))").replace(
+            "\n\nclass TinyConfig", "\n\n" + ROPE_HELPER.strip("\n") + "\n\n\nclass TinyConfig")
+        self.assertPorts(before, after, file=CONFIGURATION_FILE)
+
+
 # ---------------------------------------------------------------------- TiedWeights (v5)
 
 class TiedWeightsTest(PortCodemodTest):
@@ -668,7 +731,9 @@ class TupleCacheTest(PortCodemodTest):
         for truth both start with the shim, defined once above the first class."""
         shim = "        past_key_values = legacy_past_key_values(past_key_values)  # a transformers 5 Cache -> this code's tuples\n"
         model = TUPLE_CACHE_MODEL.replace("        past_length =", shim + "        past_length =")
-        lm = TUPLE_CACHE_LM.replace("        if past_key_values:", shim + "        if past_key_values:")
+        mask = ("        if attention_mask is None and input_ids is not None:  # as in 4.x: transformers 5's generate drops an all-ones mask\n"
+                "            attention_mask = torch.ones_like(input_ids)\n")
+        lm = TUPLE_CACHE_LM.replace("        if past_key_values:", shim + mask + "        if past_key_values:")
         self.assertPorts(modeling(model=TUPLE_CACHE_MODEL, causal_lm=TUPLE_CACHE_LM),
                          modeling(eager=join(EAGER, LEGACY_PAST), model=model, causal_lm=lm))
 

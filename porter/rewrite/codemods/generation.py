@@ -86,7 +86,9 @@ class TupleCache(Codemod):
             if "past_key_values" not in text:
                 continue
             classes = index.files[file].classes.values()
-            indexed = {p for cls in classes if "forward" in cls.methods for p in _indexed_params(cls.methods["forward"])}
+            # a forward passing the cache on by keyword to one that indexes it (ChatGLM's `kv_caches=past_key_values`);
+            # a callee taking `past_key_values` itself gets the shim itself
+            indexed = {p for cls in classes if "forward" in cls.methods for p in _indexed_params(cls.methods["forward"])} - {"past_key_values"}
             targets = []  # (class, method): forwards that index the tuples, and the generation hook that tests them for truth
             for cls in classes:
                 forward = cls.methods.get("forward")
