@@ -19,13 +19,15 @@ Two idioms, each read where the code has it and rewritten to the 4.x meaning:
 
 from __future__ import annotations
 
+import ast
+import re
 from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
 
 from hfcheck.porter.rewrite import cstutil as cu
-from hfcheck.porter.rewrite.codemods.base import Codemod, parse, save
+from hfcheck.porter.rewrite.codemods.base import Codemod, Place, parse, save, set_class_attribute
 
 V4_CONFIG_DEFAULTS: dict[str, Any] = {
     "add_cross_attention": False, "bad_words_ids": None, "begin_suppress_tokens": None, "bos_token_id": None,
@@ -106,6 +108,51 @@ class DroppedConfigDefaults(Codemod):
                 state.change("v5", file, f"config.{attr}", f"{n} read(s) of config.{attr} -> getattr(config, {attr!r}, {value!r}): {what}",
                              "4.x-era code reads it off the config, where transformers 5 leaves no such attribute (\"object has no "
                              "attribute\"); not put back on the config, where 5's generate reads it as a generation setting changed by hand")
+        self._for_transformers_bases(state, cls, defaults)
+
+    def _for_transformers_bases(self, state, cls, defaults: dict[str, tuple[Any, str]]) -> None:
+        """What transformers' own classes that the remote code subclasses (SantaCoder's blocks are
+        ``GPT2Block``) read off the config cannot be rewritten there: the config class gets it as a
+        class attribute (config.json still overrides it). Generation parameters other than
+        ``use_cache`` are left out: 5's generate refuses a config that carries them."""
+        generation = generation_keys_dropped() - {"use_cache"}
+        needed = sorted(k for k in _read_by_transformers_bases(state.files) if k in defaults and k not in generation)
+        if cls is None or not needed:
+            return
+        module = parse(state, cls.file)
+        for key in needed:
+            value, what = defaults[key]
+            edited = set_class_attribute(module, cls.name, key, cst.parse_expression(repr(value)), Place.after_last_attribute)
+            if edited is None:
+                return
+            module = edited
+            state.change("v5", cls.file, cls.name, f"{key} = {value!r} on the config class: {what}",
+                         "transformers' own classes the model subclasses read it off the config (\"object has no attribute\" in 5)")
+        save(state, cls.file, module)
+
+
+def _read_by_transformers_bases(files: dict[str, str]) -> set[str]:
+    """The config attributes the transformers modules whose classes the remote code subclasses
+    read (``config.x`` / ``self.config.x`` in their source: trusted, installed code)."""
+    import importlib
+    import inspect
+
+    modules: set[str] = set()
+    for text in files.values():
+        tree = ast.parse(text)
+        imported = {a.asname or a.name: n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                    and n.module.startswith("transformers.models.") for a in n.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                modules |= {imported[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in imported}
+    read: set[str] = set()
+    for name in modules:
+        try:
+            source = inspect.getsource(importlib.import_module(name))
+        except (ImportError, OSError, TypeError):
+            continue
+        read |= set(re.findall(r"\bconfig\.(\w+)", source))
+    return read
 
 
 SHIM = "legacy_rope_scaling"

@@ -25,6 +25,8 @@ layers vLLM does not serve through this backend.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -40,6 +42,30 @@ CACHE_PARAMS = ("past_key_values", "cache", "past_key_value", "layer_past")
 WHY_IMPORT = "the import fails on transformers >= 5.24 before any model exists (ImportError when transformers loads the code)"
 IMPORT_CAUSAL_MASK = cst.parse_statement("from transformers.masking_utils import create_causal_mask\n")
 IMPORT_LLAMA_ATTENTION = cst.parse_statement("from transformers.models.llama.modeling_llama import LlamaAttention\n")
+
+
+PRUNING_HOOKS = ("prune_heads", "_prune_heads")
+"""4.x's head-pruning hooks (``PreTrainedModel.prune_heads`` -> ``_prune_heads`` -> each attention's
+``prune_heads``); transformers 5 removed head pruning and its helpers."""
+
+
+def _removed_without_replacement(module: cst.Module) -> set[str]:
+    """The local names of the module's removed transformers imports that have no rewrite here
+    (no special case below and not exported from the top level any more)."""
+    found: set[str] = set()
+    for s in module.body:
+        small = cu.simple(s)
+        if not isinstance(small, cst.ImportFrom) or small.relative or isinstance(small.names, cst.ImportStar):
+            continue
+        mod = cu.dotted(small.module) or ""
+        for alias in small.names:
+            name = cu.dotted(alias.name) or ""
+            api = removed_apis.match_import(mod, name)
+            if api is None or name in MASK_HELPERS or any(k in api.label for k in ("is_torch_fx_available", "HybridCache", "FlashAttention2", "SdpaAttention")):
+                continue
+            if not _at_top_level(name):
+                found.add(cst.ensure_type(alias.asname.name, cst.Name).value if alias.asname is not None else name)
+    return found
 
 
 def _at_top_level(name: str) -> bool:
@@ -62,6 +88,7 @@ class RemovedApis(Codemod):
             if index.files[file].tree is None:
                 continue
             module = parse(state, file)
+            module = self._dead_users(state, file, module)
             module = self._imports(state, index, file, module)
             module = self._cache_methods(state, file, module)
             module = self._unguarded(state, file, module)
@@ -142,6 +169,34 @@ class RemovedApis(Codemod):
         if need_dynamic:
             module = cu.ensure_import(module, "from transformers.cache_utils import DynamicCache\n", "DynamicCache")
         return module
+
+    def _dead_users(self, state, file: str, module: cst.Module) -> cst.Module:
+        """Code that exists only for what transformers 5 removed goes with it, so the import it
+        needed goes as unused: a top-level class nothing in the package names (an ONNX export
+        config built on ``transformers.onnx``), and the head-pruning hooks (``prune_heads``,
+        ``_prune_heads``: 5 has no head pruning, nothing calls them) that use a removed helper."""
+        removed = _removed_without_replacement(module)
+        if not removed:
+            return module
+        texts = "\n".join(state.files.values())
+        named = set(str(v) for v in (state.config.get("auto_map") or {}).values())
+        body: list[cst.BaseStatement] = []
+        for s in module.body:
+            uses = cu.names_in(s) & removed if isinstance(s, cst.ClassDef) else set()
+            if isinstance(s, cst.ClassDef) and uses and len(re.findall(rf"\b{re.escape(s.name.value)}\b", texts)) == 1 \
+                    and not any(v.endswith("." + s.name.value) for v in named):
+                state.change("HFC811", file, s.name.value, f"removed {s.name.value}: built on {', '.join(sorted(uses))}, which transformers 5 "
+                             "removed, and nothing in the model names it", WHY_IMPORT)
+                continue
+            if isinstance(s, cst.ClassDef):
+                hooks = [f for f in cu.body_of(s) if isinstance(f, cst.FunctionDef) and f.name.value in PRUNING_HOOKS]
+                if any(cu.names_in(f) & removed for f in hooks):
+                    s = s.with_changes(body=s.body.with_changes(body=[f for f in cu.body_of(s) if f not in hooks]))
+                    state.change("HFC811", file, f"{s.name.value}.{'/'.join(f.name.value for f in hooks)}",
+                                 "removed the head-pruning hook: transformers 5 has no head pruning (nothing calls it) and "
+                                 f"{', '.join(sorted(set().union(*(cu.names_in(f) & removed for f in hooks))))} is gone", WHY_IMPORT)
+            body.append(s)
+        return module.with_changes(body=body)
 
     def _mask_calls_ok(self, module: cst.Module, local: str) -> bool:
         calls = cu.find_calls(module, lambda c: m.matches(c.func, m.Name(local)))
