@@ -276,6 +276,7 @@ def reference_summary(reference) -> dict[str, Any]:
         "tried": reference.tried,
         "gpu_shims": run.result.get("gpu_shims") if reference.gpu_shims else None,
         "switched_off": reference.switched_off,
+        "one_sequence": reference.one_sequence,
     }
 
 

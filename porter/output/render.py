@@ -138,6 +138,9 @@ def _reference_md(result) -> list[str]:
         lines += [f"- `{flag}: false` in its config: the flag selects a flash-attention kernel that needs CUDA and half precision; "
                   "the code's own attention path computes the same (exact) softmax attention" for flag in r.get("switched_off") or []]
         lines.append("")
+    if r.get("one_sequence"):
+        lines += [f"It fails on a batch of two sequences without an attention mask ({r['one_sequence']}), so every comparison "
+                  "ran on one sequence, the way vLLM hands a model its tokens.", ""]
     if r.get("not_installed"):
         lines += [f"Not installed there (CUDA-only, guarded in the code): {', '.join(r['not_installed'])}.", ""]
     if r.get("tried"):

@@ -51,6 +51,7 @@ class Reference:
     tried: list[str] = field(default_factory=list)
     gpu_shims: bool = False  # the original only constructs with gpu_shims.py's CPU stand-ins (every later run of it too)
     switched_off: list[str] = field(default_factory=list)  # config flags that select a GPU-only kernel, set false for the CPU run
+    one_sequence: str | None = None  # why the inputs are one sequence: the original's failure on two
 
     @property
     def num_layers(self) -> int:
@@ -186,6 +187,7 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
         run = _at_real_head_dim(original, original.run(), head_dim)
         run = _with_real_heads(original, run, head_dim)
         run = _ending_in_searched_tokens(original, run)
+        run, one_sequence = _one_sequence(original, run)
         shims = False
         switched: list[str] = []
         needs = _needs_a_gpu(run)
@@ -197,7 +199,8 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
         if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or _undeclared(config) or n > 0):
             tried.append(f"transformers {release}: {run.error}")
             continue
-        return Reference(original.env, why, original.packages, not_installed, original.tiny, original.ids, run, tried, shims, switched)
+        return Reference(original.env, why, original.packages, not_installed, original.tiny, original.ids, run, tried, shims, switched,
+                         one_sequence)
     raise ReferenceError("the original code imports with none of the releases tried: " + "; ".join(tried))
 
 
@@ -242,6 +245,25 @@ def _ending_in_searched_tokens(original: _Original, run: ReferenceRun) -> Refere
             original.log(f"the original looks for token {token} in the input ({run.error}); again with ids ending in {searched}")
         run = original.run()
     return run
+
+
+def _one_sequence(original: _Original, run: ReferenceRun) -> tuple[ReferenceRun, str | None]:
+    """Code that handles a batch of two only with an attention mask, which the proof passes to
+    neither side (CodeShell builds a batch-1 causal mask and checks it against the batch): again
+    on the first sequence alone, the way vLLM hands a model its tokens. (run, the failure on two)."""
+    error = run.error or ""
+    if run.ok or len(original.ids) < 2 or not error.startswith("running the original forward pass") or not any(w in error for w in ("size", "shape")):
+        return run, None
+    failure = error.splitlines()[0]
+    if original.log:
+        original.log(f"the original fails on two sequences without a mask ({failure}); again on one")
+    ids = original.ids
+    original.ids = ids[:1]
+    single = original.run()
+    if not single.ok:
+        original.ids = ids
+        return run, None
+    return single, failure
 
 
 def _with_gpu_shims(original: _Original, needs: str) -> tuple[ReferenceRun, list[str]]:
