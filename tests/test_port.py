@@ -436,6 +436,31 @@ def test_code_that_looks_up_its_special_tokens_in_the_input_gets_them(capsys):
     assert all(seq[-2:] == ending and ending[0] not in seq[:-2] for seq in reference.input_ids)
 
 
+def test_an_original_that_batches_only_with_a_mask_is_compared_on_one_sequence(tmp_path):
+    """CodeShell's idiom (real 4.31-era code, kept outside the project), put into a copy of
+    TeleChat (real code, 4.30): without an attention mask it ends up with a batch-1 causal mask
+    and checks it against the batch, so the proof's two sequences fail in the original's own
+    release. The reference runs again on the first sequence (as vLLM hands a model its tokens)
+    and says why."""
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.reference.establish import establish
+
+    src = tmp_path / "telechat"
+    shutil.copytree(PUBLISHED / "telechat-7b", src)
+    code = src / "modeling_telechat.py"
+    text = code.read_text()
+    built = "            past_key_values_length=past_key_values_length,\n        )\n"
+    assert text.count(built) == 1
+    code.write_text(text.replace(built, built + (
+        "        causal_mask = causal_mask[:1]\n"
+        "        if causal_mask.size(0) != batch_size:\n"
+        "            raise ValueError(f\"Attention mask should be of size {(batch_size, 1, seq_length, seq_length)}, but is {causal_mask.size()}\")\n")))
+    reference = establish(resolve(str(src)))
+    assert reference.run.ok, reference.run.error
+    assert len(reference.input_ids) == 1 and reference.one_sequence
+    assert "Attention mask should be of size (2, 1," in reference.one_sequence
+
+
 def test_an_original_written_for_gpus_gets_what_its_cpu_path_needs():
     """TeleChat-7B (real code, 4.30): its attention's __init__ asserts flash-attn (a CUDA-only
     package: a stand-in) and einops (guarded import, then `assert rearrange is not None, 'Please

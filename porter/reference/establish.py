@@ -187,7 +187,6 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
         run = _at_real_head_dim(original, original.run(), head_dim)
         run = _with_real_heads(original, run, head_dim)
         run = _ending_in_searched_tokens(original, run)
-        run, one_sequence = _one_sequence(original, run)
         shims = False
         switched: list[str] = []
         needs = _needs_a_gpu(run)
@@ -195,6 +194,7 @@ def establish(source, *, override: str | None = None, seed: int = 0, head_dim: i
             run, switched = _with_gpu_shims(original, needs)
             shims = True
         run = original.with_optional(run, shims)
+        run, one_sequence = _one_sequence(original, run, shims)
         _refuse_uninstallable(run)
         if not run.ok and n + 1 < len(candidates) and not override and (_is_import_failure(run) or _undeclared(config) or n > 0):
             tried.append(f"transformers {release}: {run.error}")
@@ -247,7 +247,7 @@ def _ending_in_searched_tokens(original: _Original, run: ReferenceRun) -> Refere
     return run
 
 
-def _one_sequence(original: _Original, run: ReferenceRun) -> tuple[ReferenceRun, str | None]:
+def _one_sequence(original: _Original, run: ReferenceRun, shims: bool) -> tuple[ReferenceRun, str | None]:
     """Code that handles a batch of two only with an attention mask, which the proof passes to
     neither side (CodeShell builds a batch-1 causal mask and checks it against the batch): again
     on the first sequence alone, the way vLLM hands a model its tokens. (run, the failure on two)."""
@@ -259,7 +259,7 @@ def _one_sequence(original: _Original, run: ReferenceRun) -> tuple[ReferenceRun,
         original.log(f"the original fails on two sequences without a mask ({failure}); again on one")
     ids = original.ids
     original.ids = ids[:1]
-    single = original.run()
+    single = original.run(shims)
     if not single.ok:
         original.ids = ids
         return run, None
