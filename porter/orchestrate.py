@@ -420,6 +420,12 @@ def _rewrite_verdict(stages: PortStages) -> Verdict:
     assert written is not None and stages.code is not None and stages.rewrite is not None
     if written.failure is not None:
         return Verdict("failed", written.failure)
+    attention_left = [r for r in stages.rewrite.not_ported if r["code"] == "HFC803"]
+    if attention_left and (served is None or not served.served.served):
+        # the construct, not whatever the proof then tripped on: vLLM cannot serve attention computed outside the interface
+        r = attention_left[0]
+        return Verdict("refused", f"refused: the attention cannot be rewritten to go through the attention interface, the only way vLLM "
+                       f"serves it: {r['file']} {r['where']}: {r['reason']}; the partial rewrite is kept for inspection")
     if proof is not None and proof.failure is not None:
         return Verdict("failed", proof.failure)
     changes = len(stages.rewrite.state.changes)
