@@ -122,7 +122,7 @@ def port(src: str, out: str | os.PathLike | None, *, prove: bool = True, rescan:
     t0 = time.perf_counter()
     source, facts = _open_source(src)
     model = {"model_type": facts.model_type, "architectures": facts.architectures, "remote_code": has_remote_code(source)}
-    begun = PortStages(src, str(out) if out is not None else None, model, Verdict("refused", ""))
+    begun = PortStages(src, str(out) if out is not None else None, model, Verdict("refused", ""), source_config=dict(source.config))
     if out is not None:  # the proofs run in children with other working directories: the folder by its full path
         out = Path(out).expanduser().resolve()
 
@@ -504,6 +504,9 @@ def _convert_checkpoint(src_dir: Path, out_dir: Path, state: PortState, config: 
                         shard_bytes: int | None) -> WriteStage:
     """Convert a safetensors checkpoint by the port's weight rules (a pickle one is only noted): the shard files written."""
 
+    if W.checkpoint_files(src_dir) and state.weight_rules and isinstance(config.get("quantization_config"), dict):
+        why = W.quantized_tensors(config, state.weight_rules)
+        return WriteStage([], {"error": why}, f"the checkpoint could not be converted: {why}")
     if W.checkpoint_files(src_dir):
         t1 = time.perf_counter()
         try:

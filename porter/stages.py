@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hfcheck.porter.output.weights import quantized_tensors
 from hfcheck.shared.command import EXIT_CLEAN as EXIT_OK
 from hfcheck.shared.command import EXIT_FINDINGS as EXIT_REFUSED  # a refused port is a finding
 
@@ -41,6 +42,7 @@ class PortResult:
     seconds: dict[str, float] = field(default_factory=dict)
     serve: dict[str, Any] | None = None
     lint: dict[str, Any] | None = None  # transformers-mlinter on the original and the port (lint.py)
+    quantized: str | None = None  # what the port did with the quantized tensors its config declares (None: float weights)
 
     @property
     def exit_code(self) -> int:
@@ -183,6 +185,7 @@ class PortStages:
     served: ServedStage | None = None
     total: float | None = None
     lint: dict[str, Any] | None = None
+    source_config: dict[str, Any] = field(default_factory=dict)  # the original's config.json
 
 
 def assemble(stages: PortStages) -> PortResult:
@@ -219,4 +222,6 @@ def assemble(stages: PortStages) -> PortResult:
         reference=s.reference.summary if s.reference is not None else None, retarget=retarget, served=served,
         changes=s.code.changes if s.code is not None else [], not_ported=not_ported, weights=weights, proof=proof,
         rescan=s.served.rescan if s.served is not None else [], files=files, seconds=seconds, lint=s.lint,
+        quantized=quantized_tensors(s.code.config, s.rewrite.state.weight_rules) if s.code is not None and s.rewrite is not None
+        else (quantized_tensors(s.source_config, None) if s.retarget is not None else None),
     )

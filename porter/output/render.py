@@ -206,6 +206,8 @@ def _changes_md(result) -> list[str]:
 
 def _weights_md(result) -> list[str]:
     lines = ["## Weights", ""]
+    if result.quantized:
+        lines += [result.quantized[0].upper() + result.quantized[1:] + ".", ""]
     w = result.weights
     if not w:
         lines.append("No local checkpoint: the config (and code) were ported"

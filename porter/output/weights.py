@@ -34,6 +34,25 @@ DEFAULT_SHARD_BYTES = 4 * 1024**3
 INDEX_NAME = "model.safetensors.index.json"
 
 
+def quantized_tensors(config: dict, rules: list[dict] | None) -> str | None:
+    """What the port does with the quantized tensors its config declares (None: float weights).
+    ``rules``: the rewrite's weight rules; None for a retarget, whose plan is for float weights."""
+    quant = config.get("quantization_config")
+    if not isinstance(quant, dict):
+        return None
+    method = quant.get("quant_method") or "quantized"
+    declared = f"the original's config declares{' ' + str(quant['bits']) + '-bit' if quant.get('bits') else ''} {method} weights"
+    if rules is None:
+        return (f"{declared}: the native config and weight plan are for float weights (its {method} tensors are not converted; "
+                "port the float checkpoint, then quantize the native model)")
+    if rules:
+        kinds = ", ".join(sorted({str(r.get("kind")) for r in rules}))
+        return (f"{declared}: the rewrite's weight rules ({kinds}) rename or reshape parameters and are written for float tensors, "
+                f"so its {method} tensors are not converted (port the float checkpoint, then quantize the ported model)")
+    return (f"{declared}: the rewrite renames and reshapes no parameter, so its {method} tensors load under the names they were "
+            "published with (quantization_config is kept in config.json)")
+
+
 class ConvertError(Exception):
     pass
 

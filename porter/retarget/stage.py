@@ -213,12 +213,6 @@ def write_native_folder(outcome: RetargetOutcome, source, out_dir: Path, target:
     out_dir.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     weights: dict[str, Any] | None = None
-    quant = source.config.get("quantization_config")
-    if isinstance(quant, dict):
-        method = quant.get("quant_method") or "a quantization"
-        bits = f" {quant['bits']}-bit" if quant.get("bits") else ""
-        notes.append(f"the original's config declares{bits} {method} weights: the native config and weight plan are for float weights "
-                     f"(its {method} tensors are not converted; port the float checkpoint, then quantize the native model)")
     (out_dir / "config.json").write_text(json.dumps(target.config, indent=2) + "\n", encoding="utf-8")
     files = ["config.json"]
     src_dir = Path(source.location) if source.kind == "local" and source.location else None

@@ -20,6 +20,8 @@ Two idioms, each read where the code has it and rewritten to the 4.x meaning:
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import re
 from typing import Any
 
@@ -134,9 +136,6 @@ class DroppedConfigDefaults(Codemod):
 def _read_by_transformers_bases(files: dict[str, str]) -> set[str]:
     """The config attributes the transformers modules whose classes the remote code subclasses
     read (``config.x`` / ``self.config.x`` in their source: trusted, installed code)."""
-    import importlib
-    import inspect
-
     modules: set[str] = set()
     for text in files.values():
         tree = ast.parse(text)
