@@ -118,3 +118,25 @@ def test_chatglm3_rewritten_in_place_generates_as_the_original(tmp_path):
     assert {"ChatGLMModel.forward", "ChatGLMForConditionalGeneration._update_model_kwargs_for_generation"} <= where
     text = (out / "modeling_chatglm.py").read_text()
     assert "outputs.past_key_values" in text and '_extract_past_from_model_output' not in text
+
+
+def test_what_the_port_does_with_quantized_tensors_is_said():
+    """A rewrite whose weight rules reshape parameters (the experts fixture stacks its experts)
+    does not convert quantized tensors and says so; one without rules keeps them as published;
+    a float config gets no statement."""
+    from hfcheck.analyzer.sources import resolve
+    from hfcheck.porter.output.weights import quantized_tensors
+    from hfcheck.porter.rewrite.codemods import CODEMODS
+    from hfcheck.porter.rewrite.state import PortState
+
+    source = resolve(str(Path(__file__).parent / "fixtures" / "remote" / "experts"))
+    state = PortState(dict(source.code_files), dict(source.config))
+    for codemod in CODEMODS:
+        codemod().apply(state)
+    assert state.weight_rules
+    awq = {**source.config, "quantization_config": {"quant_method": "awq", "bits": 4}}
+    said = quantized_tensors(awq, state.weight_rules)
+    assert said is not None and "4-bit awq" in said and "stack_experts" in said and "not converted" in said
+    assert "load under the names they were published with" in (quantized_tensors(awq, []) or "")
+    assert "weight plan are for float weights" in (quantized_tensors(awq, None) or "")
+    assert quantized_tensors(source.config, state.weight_rules) is None
