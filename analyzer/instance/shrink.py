@@ -520,6 +520,20 @@ def moved_after_layers(meta_params: dict[str, list[int]], layers_path: str, offs
     return [(f"{layers_path}.{i - layers + keep}.", f"{layers_path}.{i}.") for i in after]
 
 
+def within_rows(config: dict[str, Any], rows: int) -> dict[str, Any]:
+    """A copy of ``config`` whose special token ids lie within a vocabulary cut to its first ``rows``
+    (an id past the cut becomes the last row: an embedding's ``padding_idx`` must lie inside it; the
+    ids both sides of a comparison run are the same either way)."""
+    out = dict(config)
+    for name in TOKEN_ID_FIELDS:
+        value = out.get(name)
+        if isinstance(value, list):
+            out[name] = [rows - 1 if isinstance(v, int) and not isinstance(v, bool) and v >= rows else v for v in value]
+        elif isinstance(value, int) and not isinstance(value, bool) and value >= rows:
+            out[name] = rows - 1
+    return out
+
+
 def set_int_fields(config: dict[str, Any], kind: str, value: int) -> dict[str, Any]:
     """A copy of ``config`` with every integer field of ``kind`` (``FIELDS``) set to ``value``."""
     out = dict(config)

@@ -23,7 +23,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from hfcheck.analyzer.instance.shrink import first, moved_after_layers, set_int_fields, truncation
+from hfcheck.analyzer.instance.shrink import (
+    first,
+    moved_after_layers,
+    set_int_fields,
+    truncation,
+    within_rows,
+)
 from hfcheck.isolation import child_env, private_root
 from hfcheck.isolation.fence import install
 from hfcheck.isolation.jobs import read_job, run_job, write_result
@@ -61,8 +67,9 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
                 "detail": f"not run: one decoder layer is {layer_bytes / 2**30:.1f} GiB in float32, over the proof's budget"}
     truncate = keep < full_layers  # all layers fit: both configs keep their own layer fields
     name = f"real weights ({keep} of {full_layers} layers, first {rows} vocabulary rows)" if truncate else f"real weights (all {full_layers} layers, first {rows} vocabulary rows)"
-    original_cfg = set_int_fields(set_int_fields(source.config, "layers", keep) if truncate else source.config, "vocab", rows)
-    ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(2)]
+    original_cfg = within_rows(set_int_fields(set_int_fields(source.config, "layers", keep) if truncate else source.config, "vocab", rows), rows)
+    original_cfg = {**original_cfg, **dict.fromkeys(reference.switched_off, False)}  # as the reference ran it (a GPU-only kernel's flag off)
+    ids = [[(7 * i + 3 * j + 1) % rows for j in range(SEQUENCE)] for i in range(1 if reference.one_sequence else 2)]
     checkpoint = Checkpoint(str(source.location), tuple(moved_after_layers(meta, layers_path, offset, full_layers, keep)))
     spec = RunSpec(original_cfg, ids, keep, mode="checkpoint", checkpoint=checkpoint, generate_tokens=0, gpu_shims=reference.gpu_shims)
     ref = run_reference(reference.env, RemoteCode(source.code_files, source.config.get("auto_map") or {}), spec, timeout=timeout)
@@ -70,7 +77,7 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
         return {"name": name, "ok": False, "detail": f"the original on its checkpoint: {ref.error}", "peak_rss_bytes": ref.peak_rss_bytes}
     job: dict[str, Any] = {"out_dir": str(out_dir), "ids": ids, "keep": keep, "rows": rows}
     if native_config is not None:
-        cfg = dict(native_config)
+        cfg = within_rows(dict(native_config), rows)
         cfg["vocab_size"] = rows
         if truncate:
             cfg["num_hidden_layers"] = keep
@@ -79,7 +86,7 @@ def prove_real_weights(reference, source, out_dir: Path, *, native_config: dict[
         job["class_ref"] = class_ref
         job["attn"] = ref.result.get("attn_default")  # the same implementation as the original's run
         ported = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
-        job["config"] = set_int_fields(set_int_fields(ported, "layers", keep) if truncate else ported, "vocab", rows)
+        job["config"] = within_rows(set_int_fields(set_int_fields(ported, "layers", keep) if truncate else ported, "vocab", rows), rows)
     with private_root("hfcheck-real-weights-") as root:
         bootstrap = "from hfcheck.porter.reference.realweights import child_main; child_main()"
         child, result = run_job([sys.executable, "-I", "-c", bootstrap, str(root)], root, job, timeout=timeout, env=child_env(root, 1),
