@@ -87,6 +87,14 @@ def folders(more: list[str]) -> dict[str, Path]:
     return found
 
 
+def path_cell(r: dict) -> str:
+    """The path the port took, and how it ended where it did not end ported (a refused rewrite is not a port)."""
+    path = r["path"] or r["status"]
+    if r["status"] in ("ported", "served_natively") or path == r["status"] or (r["status"] == "refused" and path == "refused"):
+        return path
+    return f"{path} ({r['status']})"
+
+
 def served_cell(r: dict) -> str:
     how = r["served"]
     if how.startswith("vllm-native") or r["status"] == "served_natively":
@@ -167,7 +175,7 @@ def main() -> int:
         rel = f"{r['max_rel_error']:.1e}" if r["max_rel_error"] is not None else "-"
         conv = (f"{c['max_rel_error']:.1e}" if c and c["max_rel_error"] is not None else (c["status"] if c else "-"))
         target = f"`{r['target']}`" if r["target"] else ("in place" if r["path"] == "rewrite" else "-")
-        print(f"| {r['model']} | {r['reference'] or '-'} | {r['path'] or r['status']} | {target} | {rel} | {conv} | {served_cell(r)} | {r['seconds']:.1f} | {r['peak_rss_mib']} MiB |")
+        print(f"| {r['model']} | {r['reference'] or '-'} | {path_cell(r)} | {target} | {rel} | {conv} | {served_cell(r)} | {r['seconds']:.1f} | {r['peak_rss_mib']} MiB |")
     backend = [r for r in rows if r["run"] == "back"]
     if backend:
         print("\nServed natively as published; ported anyway with `--path backend`:\n")
@@ -176,7 +184,7 @@ def main() -> int:
         for r in backend:
             rel = f"{r['max_rel_error']:.1e}" if r["max_rel_error"] is not None else "-"
             target = f"`{r['target']}`" if r["target"] else ("in place" if r["path"] == "rewrite" else "-")
-            print(f"| {r['model']} | {r['reference'] or '-'} | {r['path'] or r['status']} | {target} | {rel} | {served_cell(r)} | {r['seconds']:.1f} | {r['peak_rss_mib']} MiB |")
+            print(f"| {r['model']} | {r['reference'] or '-'} | {path_cell(r)} | {target} | {rel} | {served_cell(r)} | {r['seconds']:.1f} | {r['peak_rss_mib']} MiB |")
     print()
     for r in full_rows:
         if r["status"] != "ported":
