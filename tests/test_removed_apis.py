@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 
 import pytest
 import transformers
@@ -104,3 +105,24 @@ def test_the_codemod_ports_any_removed_import():
     assert CodeIndex({"modeling_x.py": text}).files["modeling_x.py"].tree is not None
     whats = [c.what for c in state.changes]
     assert any("dropped the unused import of transformers.pytorch_utils.find_pruneable_heads_and_indices" in w for w in whats)
+
+
+def test_code_that_exists_only_for_a_removed_api_goes_with_it():
+    """Real code: CodeGen2's ONNX export config is built on ``transformers.onnx`` (gone in 5) and
+    nothing in the model names it, so it goes with its imports and the config class stays;
+    SantaCoder's attention keeps 4.x's head-pruning hook, whose helpers 5 removed with head
+    pruning: the hook goes, the rest of the class stays."""
+    from pathlib import Path
+
+    published = Path(__file__).parent / "fixtures" / "remote-published"
+    codegen = published / "codegen2-1b"
+    state = PortState({p.name: p.read_text() for p in codegen.glob("*.py")}, json.loads((codegen / "config.json").read_text()))
+    RemovedApis().apply(state)
+    text = state.files["configuration_codegen.py"]
+    assert "class CodeGenOnnxConfig" not in text and "transformers.onnx" not in text and "class CodeGenConfig(PretrainedConfig)" in text
+    santacoder = published / "santacoder"
+    state = PortState({p.name: p.read_text() for p in santacoder.glob("*.py")}, json.loads((santacoder / "config.json").read_text()))
+    RemovedApis().apply(state)
+    text = state.files["modeling_gpt2_mq.py"]
+    assert "def prune_heads" not in text and "find_pruneable_heads_and_indices" not in text and "class GPT2MQAttention" in text
+    assert "GPT2MQAttention.prune_heads" in {c.where for c in state.changes}

@@ -172,8 +172,8 @@ class RemovedApis(Codemod):
 
     def _dead_users(self, state, file: str, module: cst.Module) -> cst.Module:
         """Code that exists only for what transformers 5 removed goes with it, so the import it
-        needed goes as unused: a top-level class nothing in the package names (an ONNX export
-        config built on ``transformers.onnx``), and the head-pruning hooks (``prune_heads``,
+        needed goes as unused: a top-level class built on a removed base that nothing in the
+        package names (an ONNX export config on ``transformers.onnx``), and the head-pruning hooks (``prune_heads``,
         ``_prune_heads``: 5 has no head pruning, nothing calls them) that use a removed helper."""
         removed = _removed_without_replacement(module)
         if not removed:
@@ -182,7 +182,7 @@ class RemovedApis(Codemod):
         named = set(str(v) for v in (state.config.get("auto_map") or {}).values())
         body: list[cst.BaseStatement] = []
         for s in module.body:
-            uses = cu.names_in(s) & removed if isinstance(s, cst.ClassDef) else set()
+            uses = set().union(*(cu.names_in(b) for b in s.bases)) & removed if isinstance(s, cst.ClassDef) else set()
             if isinstance(s, cst.ClassDef) and uses and len(re.findall(rf"\b{re.escape(s.name.value)}\b", texts)) == 1 \
                     and not any(v.endswith("." + s.name.value) for v in named):
                 state.change("HFC811", file, s.name.value, f"removed {s.name.value}: built on {', '.join(sorted(uses))}, which transformers 5 "
