@@ -126,3 +126,36 @@ def test_code_that_exists_only_for_a_removed_api_goes_with_it():
     text = state.files["modeling_gpt2_mq.py"]
     assert "def prune_heads" not in text and "find_pruneable_heads_and_indices" not in text and "class GPT2MQAttention" in text
     assert "GPT2MQAttention.prune_heads" in {c.where for c in state.changes}
+
+
+OVERRIDE = '''\
+class LM(PreTrainedModel):
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, standardize_cache_format=False):
+        model_kwargs["past_key_values"] = self._extract_past_from_model_output(outputs, standardize_cache_format=standardize_cache_format)
+        return model_kwargs
+
+
+class NewerLM(PreTrainedModel):
+    def _update_model_kwargs_for_generation(self, outputs, model_kwargs, is_encoder_decoder=False, num_new_tokens=1):
+        cache_name, cache = self._extract_past_from_model_output(outputs)
+        model_kwargs[cache_name] = cache
+        return model_kwargs
+'''
+
+
+def test_the_removed_past_extractor_becomes_what_it_returned():
+    """GenerationMixin's ``_extract_past_from_model_output`` is gone in 5; 4.x-era overrides of
+    ``_update_model_kwargs_for_generation`` call it (ChatGLM2/3 for the cache; GLM-4's, of 4.44,
+    unpacks the ``(cache_name, cache)`` pair it returned there). Run on a real outputs object."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    state = PortState({"modeling_x.py": OVERRIDE}, {"model_type": "x"})
+    RemovedApis().apply(state)
+    text = state.files["modeling_x.py"]
+    assert "_extract_past_from_model_output" not in text
+    outputs = CausalLMOutputWithPast(past_key_values=((1, 2),))
+    namespace: dict = {"PreTrainedModel": object}
+    exec(compile(text, "modeling_x.py", "exec"), namespace)
+    for cls in ("LM", "NewerLM"):
+        kwargs = namespace[cls]()._update_model_kwargs_for_generation(outputs, {})
+        assert kwargs == {"past_key_values": ((1, 2),)}, cls

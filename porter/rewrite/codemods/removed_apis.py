@@ -11,7 +11,8 @@
   ``cache.to_legacy_cache()`` -> ``cache``, ``cache.get_usable_length(n, i)`` ->
   ``cache.get_seq_length(i)``, ``cache.seen_tokens`` -> ``cache.get_seq_length()``, and
   GenerationMixin's ``self._extract_past_from_model_output(outputs, ...)`` (gone in 5, called
-  by 4.x code overriding ``_update_model_kwargs_for_generation``) -> ``outputs.past_key_values``;
+  by 4.x code overriding ``_update_model_kwargs_for_generation``) -> ``outputs.past_key_values``
+  (``("past_key_values", outputs.past_key_values)`` where 4.4x's ``(cache_name, cache)`` is unpacked);
 - an unconditional import of a CUDA-only package that is not installed (flash_attn, xformers, ...)
   is deleted when nothing uses what it binds, else guarded (``if is_flash_attn_2_available():``,
   or ``try/except ImportError``), which transformers' ``check_imports`` skips.
@@ -251,6 +252,15 @@ class RemovedApis(Codemod):
                     layer = updated.args[1].value if len(updated.args) > 1 else None
                     done.append("cache.get_usable_length(n, i) -> cache.get_seq_length(i)")
                     return cst.Call(cst.Attribute(func.value, cst.Name("get_seq_length")), args=[cst.Arg(layer)] if layer is not None else [])
+                return updated
+
+            def leave_Assign(self, original, updated):
+                # 4.42-4.4x returned (cache_name, cache): `cache_name, cache = self._extract_past_from_model_output(outputs)`
+                value = original.value
+                if (isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "_extract_past_from_model_output"
+                        and len(original.targets) == 1 and isinstance(original.targets[0].target, cst.Tuple)
+                        and len(original.targets[0].target.elements) == 2):
+                    return updated.with_changes(value=cu.template_expr('("past_key_values", {cache})', cache=updated.value))
                 return updated
 
             def leave_Attribute(self, original, updated):
