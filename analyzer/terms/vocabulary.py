@@ -21,6 +21,12 @@ TP_STYLES_SHARDED = frozenset({"colwise", "rowwise", "colwise_gather_output", "r
 MXFP4_METHODS = frozenset({"mxfp4", "gpt_oss_mxfp4"})
 """Quantization methods the transformers backend refuses (``Base.__init__``, 0.32 to 0.34 alike)."""
 
+DECODER_FORWARD_ARGUMENTS = ("input_ids", "inputs_embeds", "position_ids")
+"""The parameters the base model's ``forward`` must name: ``Base.__init__`` decorates that class
+for torch.compile with ``DynamicArgDims(input_ids=1, inputs_embeds=1, position_ids=-1)`` and
+``support_torch_compile`` raises "Argument X not found in the forward method" for one its
+signature lacks (``**kwargs`` does not count), with or without --enforce-eager (0.32 to 0.34 alike)."""
+
 EXPERT_COUNT_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
 TOP_K_FIELDS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_experts_per_token", "experts_per_token", "top_k")
 MOE_INTERMEDIATE_FIELDS = ("moe_intermediate_size", "intermediate_size")

@@ -43,6 +43,7 @@ from hfcheck.analyzer.remote.checks import (
 from hfcheck.analyzer.remote.checks.attention import (
     check_attention,
     check_backend_flag,
+    check_forward_arguments,
     check_hand_written,
     check_kwargs,
 )
@@ -86,6 +87,7 @@ def run_checks(index: CodeIndex, config: dict[str, Any], missing: Iterable[str] 
         lambda: check_attention(index, roles, complete),
         lambda: check_hand_written(index, roles),
         lambda: check_kwargs(index, roles),
+        lambda: check_forward_arguments(index, roles),
         lambda: check_backend_flag(index, roles),
         lambda: check_moe(index, roles, config),
         lambda: check_pipeline(index, roles),

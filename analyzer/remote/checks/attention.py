@@ -21,6 +21,7 @@ from hfcheck.analyzer.remote.ast_helpers import (
 from hfcheck.analyzer.remote.checks.base import CodeFinding, RemoteCodeRule
 from hfcheck.analyzer.remote.index import ClassInfo, CodeIndex, FileIndex
 from hfcheck.analyzer.remote.roles import Roles
+from hfcheck.analyzer.terms import vocabulary as V
 
 # --------------------------------------------------------------------------- HFC801-807: attention
 
@@ -290,6 +291,24 @@ def check_kwargs(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
         yield CodeFinding("HFC804", "pass", None, None, f"**kwargs reach the attention interface: {' -> '.join(dict.fromkeys(hops))}")
 
 
+def check_forward_arguments(index: CodeIndex, roles: Roles) -> Iterator[CodeFinding]:
+    """HFC816: the base model's forward names every argument vLLM's backend decorates it with."""
+    base = roles.base_model
+    found = index.method(base, "forward") if base is not None else None
+    if base is None or found is None:
+        return
+    owner, forward = found
+    params = {a.arg for a in forward.args.posonlyargs + forward.args.args + forward.args.kwonlyargs}
+    absent = [name for name in V.DECODER_FORWARD_ARGUMENTS if name not in params]
+    if absent:
+        yield CodeFinding("HFC816", "fail", owner.file, forward.lineno,
+                          f"{base.name}.forward has no {', '.join(absent)} parameter: vLLM's transformers backend fails at load "
+                          f"(\"Argument {absent[0]} not found in the forward method\")",
+                          "Name them in the signature: `def forward(self, input_ids=None, ..., inputs_embeds=None, position_ids=None, **kwargs)`.")
+    else:
+        yield CodeFinding("HFC816", "pass", None, None, f"{base.name}.forward names {', '.join(V.DECODER_FORWARD_ARGUMENTS)}")
+
+
 # --------------------------------------------------------------------------- HFC805: backend flag
 
 
@@ -432,6 +451,23 @@ class KwargsPropagation(RemoteCodeRule):
     none = None
 
 
+class ForwardArguments(RemoteCodeRule):
+    code = "HFC816"
+    name = "remote-forward-arguments"
+    impact = "blocker"
+    what = "The base model's forward names `input_ids`, `inputs_embeds` and `position_ids` as parameters."
+    why = (
+        "vLLM's transformers backend decorates the base model class for torch.compile with those three arguments "
+        "(`DynamicArgDims(input_ids=1, inputs_embeds=1, position_ids=-1)`) and `support_torch_compile` checks each "
+        "against the forward's signature: one missing (taken only through `**kwargs`) fails the load with "
+        "'Argument position_ids not found in the forward method', --enforce-eager or not."
+    )
+    example = "def forward(self, input_ids=None, past_key_values=None, attention_mask=None, inputs_embeds=None, **kwargs):"
+    fix = "def forward(self, input_ids=None, ..., inputs_embeds=None, position_ids=None, **kwargs):"
+    vllm_source = ("model_executor/models/transformers/base.py::Base._decorate_for_torch_compile",)
+    none = None
+
+
 class AttentionBackendFlag(RemoteCodeRule):
     code = "HFC805"
     name = "remote-attention-backend-flag"
@@ -477,4 +513,4 @@ class AttentionIsCausal(RemoteCodeRule):
     none = None
 
 
-RULES = (AttentionInterfaceDispatch, AttentionScalingResolvable, HandWrittenAttention, KwargsPropagation, AttentionBackendFlag, AttentionLayerIndex, AttentionIsCausal,)
+RULES = (AttentionInterfaceDispatch, AttentionScalingResolvable, HandWrittenAttention, KwargsPropagation, ForwardArguments, AttentionBackendFlag, AttentionLayerIndex, AttentionIsCausal,)
