@@ -492,7 +492,9 @@ def test_a_gpu_written_original_is_rewritten_and_proven_with_its_own_conventions
       it on again (else the cached generate fails on a 13 vs 17 mask)."""
     out = tmp_path / "out"
     code, result = port_json(PUBLISHED / "telechat-7b", out, capsys, "--path", "rewrite")
-    assert code == 0 and result["status"] == "ported", result["message"]
+    # proven; vLLM's backend still cannot load it: TelechatModel.forward takes no position_ids (its
+    # rotary offset comes from its own cache), which the port says rather than claiming it serves
+    assert code == 1 and result["status"] == "failed" and "position_ids" in result["message"], result["message"]
     assert_proven(result)
     assert {c["name"]: c["ok"] for c in result["proof"]["checks"]}["greedy generate, 4 tokens with the KV cache"] is True
     ported = (out / "modeling_telechat.py").read_text()
@@ -502,7 +504,7 @@ def test_a_gpu_written_original_is_rewritten_and_proven_with_its_own_conventions
     assert "attention_mask = torch.ones_like(input_ids)" in ported
     whats = [c["what"] for c in result["changes"]]
     assert any("removed FlashSelfAttention and self.core_attention_flash: it holds no weights" in w for w in whats)
-    assert result["served"]["how"] == "transformers-backend"
+    assert result["served"]["how"] == "not-served" and any("position_ids" in b for b in result["served"]["blockers"])
 
 
 def test_non_empty_output_folder_is_an_error(tmp_path, capsys):

@@ -239,6 +239,11 @@ def test_uninstallable_reference_is_one_line_exit_2(edit, tmp_path, capsys, monk
 
 # --------------------------------------------------------------------------- in-place rewrite by dataflow
 
+NO_POSITION_IDS = {"falcon-7b-instruct-rw"}
+"""RefinedWeb's model forward takes no position_ids (its rotary offset comes from its own cache):
+vLLM's backend fails to load it, and its positions at a decode step would be wrong anyway."""
+
+
 
 @pytest.mark.parametrize(
     ("name", "cls", "region", "what", "also"),
@@ -268,14 +273,22 @@ def test_real_attention_is_rewritten_by_dataflow_and_served(name, cls, region, w
     src = REAL / name
     before = digest(src)
     code, result = port_json(src, tmp_path / "out", "--path", "rewrite")
-    assert code == 0 and result["status"] == "ported" and result["path"] == "rewrite", result["message"]
+    if name in NO_POSITION_IDS:
+        # proven, but vLLM's backend cannot load it: its model's forward takes no position_ids (HFC816)
+        assert code == 1 and result["status"] == "failed" and "position_ids" in result["message"], result["message"]
+        assert {r["code"]: r["after"] for r in result["rescan"]}["HFC816"] == "fail"
+    else:
+        assert code == 0 and result["status"] == "ported" and result["path"] == "rewrite", result["message"]
     assert digest(src) == before
     [change] = [c for c in result["changes"] if c["code"] == "HFC803" and c["where"] == f"{cls}.forward"]
     assert f"replaced lines {region[0]}-{region[1]} ({what}" in change["what"]
     assert not [r for r in result["not_ported"] if r["code"] == "HFC803"]
     for check in ("random weights, eager", "random weights, sdpa"):
         assert checks(result)[check]["ok"] and checks(result)[check]["max_rel_error"] < 1e-4
-    assert result["served"]["how"] == "transformers-backend" and result["served"]["verdict"] in ("runs", "native-speed")
+    if name in NO_POSITION_IDS:
+        assert result["served"]["how"] == "not-served" and any("position_ids" in b for b in result["served"]["blockers"])
+    else:
+        assert result["served"]["how"] == "transformers-backend" and result["served"]["verdict"] in ("runs", "native-speed")
     ported = (tmp_path / "out" / change["file"]).read_text()
     original = (src / change["file"]).read_text().splitlines()
     assert "\n".join(original[region[0] - 1:region[1]]) not in ported
