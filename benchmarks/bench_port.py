@@ -164,7 +164,7 @@ def main() -> int:
     worst = max(r["peak_rss_mib"] for r in rows)
     print(f"\n{len(full_rows)} models: {len(ported)} ported and proven, {sum(r['status'] == 'served_natively' for r in full_rows)} served natively as published, "
           f"{sum(r['status'] == 'refused' for r in full_rows)} refused, {sum(r['status'] not in ('ported', 'served_natively', 'refused') for r in full_rows)} other; "
-          f"worst max relative error {max((r['max_rel_error'] or 0) for r in rows if r['status'] == 'ported'):.1e} (budget 1e-4); "
+          f"worst max relative error {max(((r['max_rel_error'] or 0) for r in rows if r['status'] == 'ported'), default=0):.1e} (budget 1e-4); "
           f"peak RSS at most {worst} MiB (budget 2048 MiB); median {sorted(r['seconds'] for r in full_rows)[len(full_rows) // 2]:.1f} s per port")
 
     print("\n| model | release | path | target | max rel. error, random | converted checkpoint | vLLM | seconds | peak RSS |")
