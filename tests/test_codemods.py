@@ -38,6 +38,7 @@ from hfcheck.porter.rewrite.codemods import (
     LegacyRopeScaling,
     PackedQKV,
     ParallelPlans,
+    PostInit,
     RemovedApis,
     RotaryPositions,
     SingleLayerList,
@@ -662,6 +663,20 @@ class TiedWeightsTest(PortCodemodTest):
 
 
 # ---------------------------------------------------------------------- GenerationBase (HFC811)
+
+class PostInitTest(PortCodemodTest):
+    TRANSFORM = PostInit
+
+    def test_model_classes_end_their_init_with_post_init(self):
+        """4.x-era classes that never call post_init (ChatGLM2/3, TeleChat) get it last in
+        ``__init__``; the pretrained base and classes that already call it are left alone."""
+        model = MODEL.replace("        self.post_init()\n", "", 1)
+        causal_lm = CAUSAL_LM.replace("        self.post_init()\n", "", 1)
+        self.assertPorts(modeling(model=model, causal_lm=causal_lm), modeling())
+
+    def test_classes_that_call_it_are_left_alone(self):
+        self.assertLeavesAlone(modeling(), warnings=[])
+
 
 class GenerationBaseTest(PortCodemodTest):
     TRANSFORM = GenerationBase

@@ -9,7 +9,8 @@ they were. A codemod records a ``Change`` per edit (finding code, where, what, w
 Order matters: attention first (it removes direct flash/SDPA calls, so the import clean-up
 that follows can drop the imports they needed), then the removed v4 APIs and unguarded
 imports, the `.cuda()` calls the loader makes needless, config key aliases v5 reads, the 4.x config
-attributes and rope_scaling value v5 no longer gives, the tied parameters v5 ties only when declared, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
+attributes and rope_scaling value v5 no longer gives, the tied parameters v5 ties only when declared, the
+``post_init()`` v5's loader needs, ``layer_idx``, ``**kwargs`` (the attention call added first needs them), projection helpers inlined for the
 qkv fusion, the backend
 flag (only once every attention module dispatches), the fused q/k/v split, the experts, the
 decoder-layer lists, the v5 buffer initialisation, and last the parallel plans, read off the final module structure.
@@ -30,6 +31,7 @@ from hfcheck.porter.rewrite.codemods.layer_idx import LayerIndex
 from hfcheck.porter.rewrite.codemods.module_lists import SingleLayerList
 from hfcheck.porter.rewrite.codemods.packed_qkv import PackedQKV
 from hfcheck.porter.rewrite.codemods.plans import ParallelPlans
+from hfcheck.porter.rewrite.codemods.post_init import PostInit
 from hfcheck.porter.rewrite.codemods.projections import ActivationModule, InlineProjectionHelpers
 from hfcheck.porter.rewrite.codemods.removed_apis import HeadMask, RemovedApis
 from hfcheck.porter.rewrite.codemods.rotary_positions import RotaryPositions
@@ -44,6 +46,7 @@ CODEMODS = (
     DroppedConfigDefaults,
     LegacyRopeScaling,
     TiedWeights,
+    PostInit,
     GenerationBase,
     TupleCache,
     RotaryPositions,
