@@ -14,6 +14,7 @@ import ast
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import PurePosixPath
+from typing import Any
 
 FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -324,6 +325,15 @@ class CodeIndex:
                 return c, value, line
         return None
 
+    def auto_class(self, auto_map: Any, key: str) -> ClassInfo | None:
+        """The class an ``auto_map`` entry names (``"module.Class"`` or ``"repo--module.Class"``), if it is here."""
+        ref = auto_map.get(key) if isinstance(auto_map, dict) else None
+        if not isinstance(ref, str) or "." not in ref:
+            return None
+        module, _, name = (ref.partition("--")[2] if "--" in ref else ref).rpartition(".")
+        file = self.by_module.get(module.rpartition(".")[2])
+        return file.classes.get(name) if file is not None else None
+
     def class_attr(self, cls: ClassInfo, attr: str) -> tuple[ClassInfo, ast.expr, int] | None:
         for c in self.mro(cls):
             if attr in c.class_assigns:
@@ -357,13 +367,10 @@ class CodeIndex:
 def config_class_keys(config: dict, code_files: dict[str, str]) -> frozenset[str]:
     """The attributes the remote config class (``auto_map["AutoConfig"]``) sets on itself:
     the config object a loader reads has them beside config.json's keys."""
-    ref = (config.get("auto_map") or {}).get("AutoConfig")
-    if not code_files or not isinstance(ref, str) or "." not in ref:
+    if not code_files:
         return frozenset()
-    module, _, name = (ref.partition("--")[2] if "--" in ref else ref).rpartition(".")
     try:
-        file = CodeIndex(dict(code_files)).by_module.get(module.rpartition(".")[2])
+        cls = CodeIndex(dict(code_files)).auto_class(config.get("auto_map"), "AutoConfig")
     except SyntaxError:
         return frozenset()
-    cls = file.classes.get(name) if file is not None else None
     return frozenset(cls.self_assigns) if cls is not None else frozenset()

@@ -72,14 +72,7 @@ class PortState:
         return apply_config_edits(self.config, self.config_edits, self.config_defaults())
 
     def config_class(self, index: CodeIndex | None = None) -> ClassInfo | None:
-        index = index or self.index()
-        ref = (self.config.get("auto_map") or {}).get("AutoConfig")
-        if not isinstance(ref, str) or "." not in ref:
-            return None
-        body = ref.partition("--")[2] if "--" in ref else ref
-        module, _, name = body.rpartition(".")
-        file = index.by_module.get(module.rpartition(".")[2])
-        return file.classes.get(name) if file is not None else None
+        return (index or self.index()).auto_class(self.config.get("auto_map"), "AutoConfig")
 
     def config_defaults(self) -> dict[str, Any]:
         """Literal defaults of the config class's ``__init__`` (what a missing config.json key means)."""
